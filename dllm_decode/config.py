@@ -1,0 +1,124 @@
+"""``SamplerConfig``: one frozen dataclass, validated where it is created."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+from dllm_decode.types import CacheMode, Impl
+
+_SAMPLING = ("gumbel", "categorical")
+_SCHEDULES = ("llada", "dream")
+_RNG = ("compact", "reference")
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """Decoding settings shared by every policy.
+
+    Attributes:
+        gen_length: G, number of generated positions.
+        block_length: K, semi-autoregressive block length (``None``: one block of G). Block-
+            diffusion models always use their own block size, aligned to absolute positions.
+        steps: total steps for budgeted policies, split evenly over blocks (``None``: one
+            token per step, i.e. G). Adaptive policies ignore it.
+        temperature: 0 -> argmax proposals; > 0 -> sampling (float64 Gumbel-max for LLaDA).
+        cache: which positions each forward recomputes (``none``/``prefix``/``dual``/
+            ``block_causal``).
+        refresh_every: with ``prefix``/``dual``, also refresh the cache every R steps inside
+            a block (``None``: only at block start, as Fast-dLLM does).
+        cfg_scale: unsupervised classifier-free guidance ``un + (s + 1)(cond - un)`` (LLaDA).
+        sampling: ``gumbel`` (LLaDA / Fast-dLLM) or ``categorical`` with top-p/top-k (Dream);
+            ``None`` picks the model family's reference sampler.
+        top_p, top_k: Dream-style filtering of the sampling distribution.
+        schedule: per-step budget rule: ``llada`` (even split per block) or ``dream`` (time grid
+            ``linspace(1, eps, steps + 1)``); ``None`` picks the family's.
+        eps: final time of the Dream grid.
+        logits_eos_inf: forbid EOS everywhere (LLaDA option).
+        confidence_eos_eot_inf: rank EOS/EoT candidates last (LLaDA option); with
+            ``eos_eot_reference_asymmetry`` the reference's behaviour is kept (both demoted at
+            T = 0, only EoT at T > 0).
+        stop_at_eos: once a row has a committed EOS with nothing masked before it, fill the
+            masks after it with EOS and stop that row (dInfer-style early stop).
+        rng: ``compact`` draws noise only for the rows that are scored; ``reference`` draws it
+            in the reference decoders' shapes and order (exact seeded conformance).
+        allow_prompt_masks: accept MASK tokens inside the prompt (LLaDA infilling semantics:
+            they are eligible like block positions).
+        max_steps_per_block: safety cap for adaptive policies (``None``: the block's masked
+            count, which always suffices since every step commits at least one position).
+        exact_steps: run every scheduled step even after the block is complete, as the
+            reference decoders do (their NFE accounting; e.g. Dream always runs ``steps``).
+        impl: kernel implementation for the proposal op.
+        seed: seed of the ``torch.Generator`` (``None``: 0).
+    """
+
+    gen_length: int = 128
+    block_length: int | None = None
+    steps: int | None = None
+    temperature: float = 0.0
+    cache: CacheMode = CacheMode.NONE
+    refresh_every: int | None = None
+    cfg_scale: float = 0.0
+    sampling: str | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    schedule: str | None = None
+    eps: float = 1e-3
+    logits_eos_inf: bool = False
+    confidence_eos_eot_inf: bool = False
+    eos_eot_reference_asymmetry: bool = True
+    stop_at_eos: bool = False
+    rng: str = "compact"
+    allow_prompt_masks: bool = False
+    max_steps_per_block: int | None = None
+    exact_steps: bool = False
+    impl: Impl = Impl.AUTO
+    seed: int | None = None
+
+    def __post_init__(self) -> None:
+        def check(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ValueError(msg)
+
+        object.__setattr__(self, "cache", _enum(CacheMode, self.cache, "cache"))
+        object.__setattr__(self, "impl", _enum(Impl, self.impl, "impl"))
+        check(isinstance(self.gen_length, int) and self.gen_length >= 1,
+              f"gen_length must be an int >= 1, got {self.gen_length!r}")
+        check(self.block_length is None or self.block_length >= 1,
+              f"block_length must be >= 1 or None, got {self.block_length!r}")
+        if self.block_length is not None:
+            check(self.gen_length % self.block_length == 0,
+                  f"gen_length ({self.gen_length}) must be divisible by block_length "
+                  f"({self.block_length}); valid block lengths: "
+                  f"{[d for d in range(1, self.gen_length + 1) if self.gen_length % d == 0]}")
+        check(self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps!r}")
+        check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
+        check(self.cfg_scale >= 0, f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        check(self.refresh_every is None or self.refresh_every >= 1,
+              f"refresh_every must be >= 1 or None, got {self.refresh_every!r}")
+        check(self.sampling is None or self.sampling in _SAMPLING,
+              f"sampling must be one of {_SAMPLING} or None, got {self.sampling!r}")
+        check(self.schedule is None or self.schedule in _SCHEDULES,
+              f"schedule must be one of {_SCHEDULES} or None, got {self.schedule!r}")
+        check(self.rng in _RNG, f"rng must be one of {_RNG}, got {self.rng!r}")
+        check(self.top_p is None or 0 < self.top_p <= 1, f"top_p must be in (0, 1], got "
+              f"{self.top_p!r}")
+        check(self.top_k is None or self.top_k >= 1, f"top_k must be >= 1, got {self.top_k!r}")
+        check(0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}")
+        check(self.max_steps_per_block is None or self.max_steps_per_block >= 1,
+              f"max_steps_per_block must be >= 1 or None, got {self.max_steps_per_block!r}")
+
+    @property
+    def num_blocks(self) -> int:
+        return self.gen_length // (self.block_length or self.gen_length)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+def _enum(cls, value, name: str):
+    try:
+        return cls(value)
+    except ValueError:
+        raise ValueError(f"{name} must be one of {[m.value for m in cls]}, got {value!r}") \
+            from None

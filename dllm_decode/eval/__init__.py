@@ -1,0 +1,1 @@
+"""Evaluation: ParallelBench tasks and graders, sweep runner, metrics, analysis, lm-eval glue."""

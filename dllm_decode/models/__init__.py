@@ -1,0 +1,20 @@
+"""Model families behind the ``DiffusionLM`` contract, and checkpoint loading."""
+
+from dllm_decode.models.base import DecoderLM, DiffusionLM, ModelSpec
+from dllm_decode.models.block import BlockDiffusionModel
+from dllm_decode.models.dream import DreamModel
+from dllm_decode.models.llada import LLaDAModel
+from dllm_decode.models.loading import (
+    CheckpointError,
+    build_model,
+    bundled_models,
+    load_model,
+    register_auto_config,
+    save_model,
+)
+
+__all__ = [
+    "BlockDiffusionModel", "CheckpointError", "DecoderLM", "DiffusionLM", "DreamModel",
+    "LLaDAModel", "ModelSpec", "build_model", "bundled_models", "load_model",
+    "register_auto_config", "save_model",
+]

@@ -1,0 +1,336 @@
+"""The ``DiffusionLM`` contract and the shared transformer layers.
+
+Every family (LLaDA, Dream, SDAR-style block diffusion) is the same pre-norm decoder stack:
+token embedding, per layer RMSNorm -> attention with RoPE (rotate-half) -> residual ->
+RMSNorm -> SwiGLU MLP -> residual, final RMSNorm and an untied LM head. Families differ only
+in tensor names, biases, per-head q/k norms, attention structure and logit alignment, which
+``ModelSpec`` and the family modules capture. Nothing is cached on modules: K/V live in an
+explicit ``BlockKVCache`` passed to ``forward``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dllm_decode.cache.kv import BlockKVCache
+
+
+@runtime_checkable
+class DiffusionLM(Protocol):
+    """What the sampler needs from a model.
+
+    ``forward(tokens [B, N], positions [B, N]) -> logits [B, N, V]`` with ``logits[:, i]``
+    predicting ``tokens[:, i]``. Models trained with the AR shift (Dream) undo it inside; for
+    such models (``logit_shift == 1``) the first fed row has no left neighbour, so its logits are
+    only meaningful when it sits at canvas position 0.
+    """
+
+    mask_token_id: int
+    eos_token_ids: tuple[int, ...]
+    attention: str  # "bidirectional" | "block_causal"
+    block_size: int | None
+    logit_shift: int
+    vocab_size: int
+    max_length: int
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        *,
+        cache: BlockKVCache | None = None,
+        slots: Tensor | None = None,
+        mask: Tensor | None = None,
+        store: bool = True,
+    ) -> Tensor: ...
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """Architecture numbers shared by every family (read from each family's config.json)."""
+
+    family: str
+    vocab_size: int
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    intermediate_size: int
+    rope_theta: float
+    norm_eps: float
+    max_length: int
+    mask_token_id: int
+    eos_token_ids: tuple[int, ...]
+    pad_token_id: int | None = None
+    qkv_bias: bool = False
+    qk_norm: bool = False
+    attention: str = "bidirectional"
+    block_size: int | None = None
+    logit_shift: int = 0
+    eot_token_id: int | None = None
+    extra: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.num_heads % self.num_kv_heads:
+            raise ValueError(
+                f"num_heads ({self.num_heads}) must be a multiple of num_kv_heads "
+                f"({self.num_kv_heads})"
+            )
+        if self.attention not in ("bidirectional", "block_causal"):
+            raise ValueError(f"attention must be 'bidirectional' or 'block_causal', got "
+                             f"{self.attention!r}")
+        if self.attention == "block_causal" and not self.block_size:
+            raise ValueError("a block_causal model needs block_size >= 1")
+
+
+class RMSNorm(nn.Module):
+    """``weight * x / sqrt(mean(x^2) + eps)`` computed in fp32, cast back before the weight."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.ones(dim))
+
+    def forward(self, x: Tensor) -> Tensor:
+        dtype = x.dtype
+        h = x.float()
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(dtype)
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """positions ``[B, N]`` -> cos, sin ``[B, 1, N, D]`` in fp32 (rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                             dtype=torch.float) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # [B, N, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos(), emb.sin()
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate ``x [B, H, N, D]`` in fp32 and cast back."""
+    xf = x.float()
+    x1, x2 = xf.chunk(2, dim=-1)
+    rotated = torch.cat((-x2, x1), dim=-1)
+    return (xf * cos + rotated * sin).to(x.dtype)
+
+
+def block_causal_mask(q_pos: Tensor, k_pos: Tensor, block_size: int) -> Tensor:
+    """``[B, Nq]``, ``[B, Nk]`` absolute positions -> ``[B, Nq, Nk]`` bool.
+
+    Query at position i sees key j iff ``j // block_size <= i // block_size``: bidirectional
+    inside a block, causal across blocks, blocks aligned to absolute positions. Block size 1
+    is a plain causal mask.
+    """
+    return (k_pos[:, None, :] // block_size) <= (q_pos[:, :, None] // block_size)
+
+
+class Attention(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        h, hd = spec.hidden_size, spec.head_dim
+        self.q_proj = nn.Linear(h, spec.num_heads * hd, bias=spec.qkv_bias)
+        self.k_proj = nn.Linear(h, spec.num_kv_heads * hd, bias=spec.qkv_bias)
+        self.v_proj = nn.Linear(h, spec.num_kv_heads * hd, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(spec.num_heads * hd, h, bias=False)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(hd, spec.norm_eps)
+            self.k_norm = RMSNorm(hd, spec.norm_eps)
+
+    def forward(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor | None,
+        layer: int,
+        cache: BlockKVCache | None,
+        slots: Tensor | None,
+        store: bool,
+    ) -> Tensor:
+        """x ``[B, N, h]`` -> ``[B, N, h]``. mask: bool ``[B, N, Lk]`` or ``None`` (all visible)."""
+        spec = self.spec
+        b, n, _ = x.shape
+        q = self.q_proj(x).view(b, n, spec.num_heads, spec.head_dim)
+        k = self.k_proj(x).view(b, n, spec.num_kv_heads, spec.head_dim)
+        v = self.v_proj(x).view(b, n, spec.num_kv_heads, spec.head_dim)
+        if spec.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H*, N, D]
+        q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None:
+            if store:
+                cache.write(layer, slots, k, v)
+                k, v = cache.layer(layer)
+            else:
+                ck, cv = cache.layer(layer)
+                k, v = torch.cat((ck, k), dim=2), torch.cat((cv, v), dim=2)
+        attn_mask = None if mask is None else mask[:, None]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, scale=1.0 / math.sqrt(spec.head_dim),
+            enable_gqa=spec.num_heads != spec.num_kv_heads,
+        )
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class MLP(nn.Module):
+    """SwiGLU: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.up_proj = nn.Linear(spec.hidden_size, spec.intermediate_size, bias=False)
+        self.down_proj = nn.Linear(spec.intermediate_size, spec.hidden_size, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class Layer(nn.Module):
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.attn_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.attn = Attention(spec)
+        self.mlp_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.mlp = MLP(spec)
+
+
+class DecoderLM(nn.Module):
+    """One pre-norm decoder for every family; see the module docstring.
+
+    Internal parameter names are family-neutral; ``names`` maps them to and from the released
+    checkpoint names (``checkpoint_state_dict`` / ``load_checkpoint_state_dict``).
+    """
+
+    #: internal-name regex -> checkpoint-name template, set by each family subclass
+    names: tuple[tuple[str, str], ...] = ()
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    # ---- the DiffusionLM attributes -------------------------------------------------------
+    @property
+    def mask_token_id(self) -> int:
+        return self.spec.mask_token_id
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return self.spec.eos_token_ids
+
+    @property
+    def attention(self) -> str:
+        return self.spec.attention
+
+    @property
+    def block_size(self) -> int | None:
+        return self.spec.block_size
+
+    @property
+    def logit_shift(self) -> int:
+        return self.spec.logit_shift
+
+    @property
+    def vocab_size(self) -> int:
+        return self.spec.vocab_size
+
+    @property
+    def max_length(self) -> int:
+        return self.spec.max_length
+
+    @property
+    def family(self) -> str:
+        return self.spec.family
+
+    def rope_positions(self, valid: Tensor) -> Tensor:
+        """Canvas validity ``[B, L]`` (False = left padding) -> RoPE positions ``[B, L]``.
+
+        LLaDA and block models keep absolute positions (pads included), as the mask-aware
+        LLaDA modeling does; Dream overrides this with ``cumsum(valid) - 1``.
+        """
+        b, length = valid.shape
+        return torch.arange(length, device=valid.device).expand(b, length)
+
+    def new_cache(self, batch_size: int, max_len: int) -> BlockKVCache:
+        """A preallocated K/V cache for this model (model dtype and device)."""
+        p = self.head.weight
+        s = self.spec
+        return BlockKVCache(s.num_layers, batch_size, s.num_kv_heads, max_len, s.head_dim,
+                            dtype=p.dtype, device=p.device)
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        *,
+        cache: BlockKVCache | None = None,
+        slots: Tensor | None = None,
+        mask: Tensor | None = None,
+        store: bool = True,
+        hidden_rows: Tensor | None = None,
+    ) -> Tensor:
+        """Logits aligned by position.
+
+        Args:
+            tokens: ``[B, N]`` token ids fed this forward.
+            positions: ``[B, N]`` RoPE positions.
+            cache: optional K/V cache; fresh K/V are written at ``slots`` when ``store``.
+            slots: ``[B, N]`` cache rows of the fed tokens (default: ``positions``).
+            mask: bool, ``[B, N, Lk]`` or key mask ``[B, Lk]``; Lk = N without a cache, the
+                cache length with ``store=True``, cache length + N with ``store=False``.
+                ``None``: everything visible (block-causal models build their mask).
+            store: write fresh K/V into the cache (else attend to them without storing).
+            hidden_rows: optional ``[R]`` indices into N; logits only for those rows.
+
+        Returns: logits ``[B, N, V]`` (or ``[B, R, V]``), ``logits[:, i]`` predicts ``tokens[:, i]``.
+        """
+        if tokens.shape != positions.shape or tokens.dim() != 2:
+            raise ValueError(f"tokens {tuple(tokens.shape)} and positions "
+                             f"{tuple(positions.shape)} must both be [B, N]")
+        if slots is None:
+            slots = positions
+        if mask is not None and mask.dim() == 2:
+            mask = mask[:, None, :].expand(-1, tokens.shape[1], -1)
+        if mask is None and self.spec.attention == "block_causal":
+            if cache is not None:
+                raise ValueError("pass an explicit mask for cached block-causal forwards")
+            mask = block_causal_mask(positions, positions, self.spec.block_size)
+        h = self.embed(tokens)
+        cos, sin = rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta)
+        for i, layer in enumerate(self.layers):
+            h = h + layer.attn(layer.attn_norm(h), cos, sin, mask, i, cache, slots, store)
+            h = h + layer.mlp(layer.mlp_norm(h))
+        h = self.norm(h)
+        if self.spec.logit_shift:
+            h = torch.cat((h[:, :1], h[:, :-1]), dim=1)
+        if hidden_rows is not None:
+            h = h[:, hidden_rows]
+        return self.head(h)
+
+    # ---- checkpoint names -----------------------------------------------------------------
+    def checkpoint_state_dict(self) -> dict[str, Tensor]:
+        """State dict under the released checkpoint's tensor names."""
+        return {to_checkpoint_name(self.names, k): v for k, v in self.state_dict().items()}
+
+
+def to_checkpoint_name(names: tuple[tuple[str, str], ...], internal: str) -> str:
+    """Map an internal parameter name to the checkpoint name using the family table."""
+    import re
+
+    for pattern, template in names:
+        m = re.fullmatch(pattern, internal)
+        if m:
+            return template.format(*m.groups())
+    raise KeyError(f"no checkpoint name for internal parameter {internal!r}")

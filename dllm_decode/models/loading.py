@@ -1,0 +1,199 @@
+"""Load and save models: ``config.json`` + ``model.safetensors`` (or a sharded index).
+
+``load_model(path_or_name)`` reads the real release formats by ``model_type`` ("llada",
+"Dream", "sdar") and checks every tensor name and shape against the architecture, naming the
+offending tensor in the error. Bundled checkpoints under ``models/assets/<name>`` resolve by
+name (``load_model("tiny-llada")``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from dllm_decode.models.base import DecoderLM, ModelSpec, to_checkpoint_name
+from dllm_decode.models.block import BlockDiffusionModel, sdar_config, sdar_spec
+from dllm_decode.models.dream import DreamModel, dream_config, dream_spec
+from dllm_decode.models.llada import LLaDAModel, llada_config, llada_spec
+
+ASSETS = Path(__file__).parent / "assets"
+
+#: model_type (as written in config.json, case-insensitive) -> (class, spec parser, writer)
+FAMILIES: dict[str, tuple[type[DecoderLM], Callable[[dict], ModelSpec], Callable]] = {
+    "llada": (LLaDAModel, llada_spec, llada_config),
+    "dream": (DreamModel, dream_spec, dream_config),
+    "sdar": (BlockDiffusionModel, sdar_spec, sdar_config),
+}
+
+
+class CheckpointError(ValueError):
+    """A checkpoint directory that does not match the architecture it declares."""
+
+
+def bundled_models() -> list[str]:
+    """Names of the checkpoints shipped under ``models/assets``."""
+    if not ASSETS.is_dir():
+        return []
+    return sorted(p.name for p in ASSETS.iterdir() if (p / "config.json").is_file())
+
+
+def resolve_path(path_or_name: str | Path) -> Path:
+    """A directory path, or the name of a bundled checkpoint."""
+    p = Path(path_or_name)
+    if p.is_dir():
+        return p
+    if (ASSETS / str(path_or_name)).is_dir():
+        return ASSETS / str(path_or_name)
+    raise FileNotFoundError(
+        f"no model directory {str(path_or_name)!r}; pass a directory with config.json and "
+        f"model.safetensors, or a bundled name: {bundled_models() or 'none bundled'}"
+    )
+
+
+def read_config(directory: Path) -> dict[str, Any]:
+    cfg_path = directory / "config.json"
+    if not cfg_path.is_file():
+        raise FileNotFoundError(f"{directory} has no config.json")
+    return json.loads(cfg_path.read_text())
+
+
+def build_model(config: dict[str, Any], *, seed: int | None = 0,
+                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                init_std: float = 0.02) -> DecoderLM:
+    """A model of any family from a config dict, with weights drawn from ``seed``.
+
+    For tests and examples: N(0, init_std^2) matrices, unit norm weights.
+    """
+    cls, parse, _ = family_of(config)
+    spec = parse(config)
+    gen = torch.Generator().manual_seed(seed or 0)
+    model = cls(spec)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            elif name.endswith("bias"):
+                p.zero_()
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * init_std)
+    return model.to(device=device, dtype=dtype).eval()
+
+
+def family_of(config: dict[str, Any]) -> tuple[type[DecoderLM], Callable, Callable]:
+    mt = str(config.get("model_type", "")).lower()
+    if mt not in FAMILIES:
+        raise CheckpointError(
+            f"unknown model_type {config.get('model_type')!r}; supported: "
+            f"{sorted(FAMILIES)} (LLaDA 'llada', Dream 'Dream', SDAR-style 'sdar')"
+        )
+    return FAMILIES[mt]
+
+
+def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+    single = directory / "model.safetensors"
+    index = directory / "model.safetensors.index.json"
+    if single.is_file():
+        return load_file(str(single))
+    if index.is_file():
+        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        tensors: dict[str, torch.Tensor] = {}
+        for shard in sorted(set(weight_map.values())):
+            shard_path = directory / shard
+            if not shard_path.is_file():
+                raise FileNotFoundError(f"shard {shard} listed in {index.name} is missing")
+            part = load_file(str(shard_path))
+            for name in part:
+                if weight_map.get(name) != shard:
+                    raise CheckpointError(f"tensor {name!r} in {shard} is not listed there "
+                                          f"by {index.name}")
+            tensors.update(part)
+        missing = set(weight_map) - set(tensors)
+        if missing:
+            raise CheckpointError(f"tensors listed in {index.name} but absent: "
+                                  f"{sorted(missing)[:5]}")
+        return tensors
+    raise FileNotFoundError(f"{directory} has neither model.safetensors nor "
+                            f"model.safetensors.index.json")
+
+
+def load_model(path_or_name: str | Path, *, dtype: torch.dtype = torch.float32,
+               device: str | torch.device = "cpu") -> DecoderLM:
+    """Load a checkpoint directory (or bundled name) into its family's model, in eval mode."""
+    directory = resolve_path(path_or_name)
+    config = read_config(directory)
+    cls, parse, _ = family_of(config)
+    spec = parse(config)
+    with torch.device("meta"):
+        model = cls(spec)
+    expected = {to_checkpoint_name(cls.names, k): (k, tuple(v.shape))
+                for k, v in model.state_dict().items()}
+    tensors = _read_tensors(directory)
+    unexpected = sorted(set(tensors) - set(expected))
+    if unexpected:
+        raise CheckpointError(f"unexpected tensor(s) for {spec.family}: {unexpected[:5]}")
+    missing = sorted(set(expected) - set(tensors))
+    if missing:
+        raise CheckpointError(f"missing tensor(s) for {spec.family}: {missing[:5]}")
+    state = {}
+    for name, (internal, shape) in expected.items():
+        t = tensors[name]
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"tensor {name!r} has shape {tuple(t.shape)}, the config "
+                                  f"implies {shape}")
+        state[internal] = t.to(dtype)
+    model.load_state_dict(state, assign=True)
+    return model.to(device=device).eval()
+
+
+def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int | None = None,
+               config_extra: dict[str, Any] | None = None) -> Path:
+    """Write ``config.json`` and safetensors (sharded above ``max_shard_bytes``)."""
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    _, _, writer = FAMILIES[model.spec.family]
+    config = writer(model.spec) | dict(config_extra or {})
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    state = {k: v.detach().contiguous().cpu() for k, v in model.checkpoint_state_dict().items()}
+    if max_shard_bytes is None:
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        return out
+    shards: list[dict[str, torch.Tensor]] = [{}]
+    size = 0
+    for name in sorted(state):
+        nbytes = state[name].numel() * state[name].element_size()
+        if shards[-1] and size + nbytes > max_shard_bytes:
+            shards.append({})
+            size = 0
+        shards[-1][name] = state[name]
+        size += nbytes
+    weight_map = {}
+    for i, shard in enumerate(shards):
+        fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+        save_file(shard, str(out / fname), metadata={"format": "pt"})
+        weight_map.update({name: fname for name in shard})
+    total = sum(t.numel() * t.element_size() for t in state.values())
+    (out / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
+    return out
+
+
+def register_auto_config() -> None:
+    """Register the families' config classes with ``transformers.AutoConfig``."""
+    from transformers import AutoConfig, PretrainedConfig
+
+    for model_type in ("llada", "Dream", "sdar"):
+        name = re.sub(r"\W", "", model_type.capitalize()) + "DecodeConfig"
+        cls = type(name, (PretrainedConfig,), {"model_type": model_type})
+        try:
+            AutoConfig.register(model_type, cls, exist_ok=True)
+        except TypeError:  # older transformers without exist_ok
+            try:
+                AutoConfig.register(model_type, cls)
+            except ValueError:
+                pass

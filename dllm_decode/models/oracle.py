@@ -1,0 +1,351 @@
+"""An exact "oracle" model for the Waiting Line tasks: logits are the true conditionals.
+
+For a canvas whose prompt states a Waiting Line task and whose generation region is partly
+committed, ``WaitingLineOracle.forward`` returns, at every still-masked position of the
+generation region, the log of the exact conditional marginal of that position under the task's
+answer distribution (uniform over the valid answers, as the generators draw them) given the
+prompt and every committed token. It is the perfect model of ParallelBench's theory: any error
+a decoder makes against it is caused by parallel decoding alone (the conditional total
+correlation of the answer), never by the model.
+
+Vocabulary (word level, so one token per list item and the closed forms hold exactly):
+
+* specials ``<pad>``, ``<eos>``, ``<mask>``, ``<answer>`` (ends the prompt);
+* one token per task (``<copy>``, ``<reverse>``, ...), ``[``, ``]``, ``,``;
+* index tokens ``<0>`` .. ``<max_items>``; one token per full name ("First Last").
+
+Prompt: ``<task> [<index>] [word] [ name , name , ... ] <answer>`` (left padding allowed).
+Answer: ``[ name , ... , name ]`` followed by ``<eos>`` up to the generation length.
+
+Conditioning on an impossible canvas (committed tokens that no valid answer matches, which
+parallel decoding can produce) falls back to the distribution given the prompt alone.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from functools import lru_cache
+from typing import Any, Final
+
+import torch
+from torch import Tensor, nn
+
+#: the ten Waiting Line operations the oracle knows
+TASK_NAMES: Final = (
+    "copy", "reverse", "sort", "shuffle", "insert_index", "insert_random",
+    "remove_index", "remove_random", "replace_index", "replace_random",
+)
+#: log-probability used for impossible tokens: finite so softmax, entropy and margins stay finite
+NEG_LOGIT: Final = -1.0e9
+#: shuffle answers are enumerated (n! - 1 of them); beyond this list length that is too many
+MAX_SHUFFLE_ITEMS: Final = 8
+
+PAD, EOS, MASK, ANSWER = "<pad>", "<eos>", "<mask>", "<answer>"
+OPEN, CLOSE, SEP = "[", "]", ","
+
+
+def task_name(task: str) -> str:
+    """``"waiting_line/copy"``, ``"waiting_line_n15/copy"`` or ``"copy"`` -> ``"copy"``."""
+    family, _, name = task.rpartition("/")
+    if name not in TASK_NAMES or family not in ("", "waiting_line", "waiting_line_n15"):
+        raise ValueError(f"not a Waiting Line task: {task!r}; the oracle knows "
+                         f"{', '.join(TASK_NAMES)} (optionally prefixed by 'waiting_line/')")
+    return name
+
+
+@lru_cache(maxsize=4096)
+def valid_answers(task: str, items: tuple[str, ...], word: str | None = None,
+                  index: int | None = None) -> tuple[tuple[str, ...], ...]:
+    """Every valid answer list of a Waiting Line instance, without duplicates, in a fixed order.
+
+    Positions are 0-based; ``sort`` is the plain string order (by first name), as in the
+    benchmark; ``shuffle`` is every permutation except the input order.
+    """
+    op = task_name(task)
+    n = len(items)
+    needs_word = op.startswith(("insert", "replace"))
+    if needs_word and word is None:
+        raise ValueError(f"{op} needs the new person's name (word)")
+    if op.endswith("_index") and index is None:
+        raise ValueError(f"{op} needs an index")
+    if op == "copy":
+        out = [items]
+    elif op == "reverse":
+        out = [items[::-1]]
+    elif op == "sort":
+        out = [tuple(sorted(items))]
+    elif op == "shuffle":
+        if n > MAX_SHUFFLE_ITEMS:
+            raise ValueError(f"shuffle oracle enumerates n! answers; n={n} > "
+                             f"{MAX_SHUFFLE_ITEMS} is not supported")
+        out = [p for p in itertools.permutations(items) if p != items]
+    else:
+        action = op.split("_")[0]
+        slots = range(n + 1) if action == "insert" else range(n)
+        if op.endswith("_index"):
+            if index not in slots:
+                raise ValueError(f"{op}: index {index} out of range for {n} items")
+            slots = [index]
+        out = []
+        for i in slots:
+            if action == "insert":
+                out.append(items[:i] + (word,) + items[i:])
+            elif action == "remove":
+                out.append(items[:i] + items[i + 1:])
+            else:
+                out.append(items[:i] + (word,) + items[i + 1:])
+    return tuple(dict.fromkeys(out))
+
+
+def record_fields(record: Mapping[str, Any]) -> tuple[tuple[str, ...], str | None, int | None]:
+    """``(items, word, index)`` of a record in the ParallelBench JSONL schema."""
+    inputs = record["input"]
+    items = tuple(json.loads(inputs["context"]))
+    index = inputs.get("index")
+    return items, inputs.get("word"), None if index is None else int(index)
+
+
+def is_valid(task: str, record: Mapping[str, Any], prediction: Sequence[str]) -> bool:
+    """Whether a predicted item list is one of the record's valid answers."""
+    return tuple(prediction) in valid_answers(task_name(task), *record_fields(record))
+
+
+class WaitingLineOracle(nn.Module):
+    """The exact-conditional model over a word-level vocabulary (see the module docstring).
+
+    Args:
+        names: every full name that may occur (input lists and new persons).
+        max_items: the longest list (index tokens ``<0>`` .. ``<max_items>`` exist).
+        max_length: the longest canvas accepted.
+
+    Satisfies the ``DiffusionLM`` contract: bidirectional, position-aligned logits, no cache.
+    Forward cost is a Python pass over the batch rows plus one scatter per distinct prompt.
+    """
+
+    attention: str = "bidirectional"
+    block_size: int | None = None
+    logit_shift: int = 0
+
+    def __init__(self, names: Iterable[str], *, max_items: int = 16,
+                 max_length: int = 1024) -> None:
+        super().__init__()
+        names = list(dict.fromkeys(names))
+        specials = [PAD, EOS, MASK, ANSWER, *(f"<{t}>" for t in TASK_NAMES), OPEN, CLOSE, SEP]
+        indices = [f"<{i}>" for i in range(max_items + 1)]
+        clash = set(names) & set(specials + indices)
+        if clash:
+            raise ValueError(f"names clash with oracle vocabulary tokens: {sorted(clash)}")
+        self.vocab: tuple[str, ...] = tuple(specials + indices + names)
+        self.token_id: dict[str, int] = {t: i for i, t in enumerate(self.vocab)}
+        self.max_items = max_items
+        self._max_length = max_length
+        self._task_of = {self.token_id[f"<{t}>"]: t for t in TASK_NAMES}
+        self._index_of = {self.token_id[t]: i for i, t in enumerate(indices)}
+        self._first_name = len(specials) + len(indices)
+        self.register_buffer("_anchor", torch.zeros(0), persistent=False)
+
+    @classmethod
+    def from_records(cls, records: Iterable[Mapping[str, Any]], **kwargs: Any
+                     ) -> WaitingLineOracle:
+        """An oracle whose vocabulary holds every name of ``records`` (demonstrations too)."""
+        names: list[str] = []
+        for record in records:
+            for rec in (record, *record["input"].get("icl_examples", [])):
+                items, word, _ = record_fields(rec)
+                names.extend(items + ((word,) if word else ()))
+        return cls(names, **kwargs)
+
+    # ---- DiffusionLM attributes -----------------------------------------------------------
+    @property
+    def mask_token_id(self) -> int:
+        return self.token_id[MASK]
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return (self.token_id[EOS],)
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.token_id[PAD]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    @property
+    def max_length(self) -> int:
+        return self._max_length
+
+    def rope_positions(self, valid: Tensor) -> Tensor:
+        """Positions ``[B, L]`` (unused by the oracle; present for sampler compatibility)."""
+        b, length = valid.shape
+        return torch.arange(length, device=valid.device).expand(b, length)
+
+    def new_cache(self, batch_size: int, max_len: int) -> None:
+        raise NotImplementedError("WaitingLineOracle has no K/V cache; decode with cache='none'")
+
+    # ---- encoding -------------------------------------------------------------------------
+    def encode_prompt(self, task: str, record: Mapping[str, Any]) -> list[int]:
+        """Prompt ids of a ParallelBench record (demonstrations are ignored)."""
+        items, word, index = record_fields(record)
+        ids = [self.token_id[f"<{task_name(task)}>"]]
+        if index is not None:
+            if not 0 <= index <= self.max_items:
+                raise ValueError(f"index {index} exceeds max_items={self.max_items}")
+            ids.append(self.token_id[f"<{index}>"])
+        if word is not None:
+            ids.append(self._name_id(word))
+        return ids + self.encode_items(items) + [self.token_id[ANSWER]]
+
+    def encode_items(self, items: Sequence[str]) -> list[int]:
+        """``[ a , b , ... ]`` as ids."""
+        ids = [self.token_id[OPEN]]
+        for i, item in enumerate(items):
+            ids += ([self.token_id[SEP]] if i else []) + [self._name_id(item)]
+        return ids + [self.token_id[CLOSE]]
+
+    def encode_answer(self, items: Sequence[str], gen_length: int) -> list[int]:
+        """Answer ids padded with EOS to ``gen_length`` (truncated if longer)."""
+        ids = self.encode_items(items) + [self.token_id[EOS]]
+        return (ids + [self.token_id[EOS]] * gen_length)[:gen_length]
+
+    def prompt_batch(self, task: str, records: Sequence[Mapping[str, Any]]
+                     ) -> tuple[Tensor, Tensor]:
+        """Left-padded prompt ids ``[B, P]`` and attention mask ``[B, P]`` (bool)."""
+        rows = [self.encode_prompt(task, r) for r in records]
+        width = max(len(r) for r in rows)
+        ids = torch.full((len(rows), width), self.pad_token_id, dtype=torch.long)
+        valid = torch.zeros(len(rows), width, dtype=torch.bool)
+        for i, r in enumerate(rows):
+            ids[i, width - len(r):] = torch.tensor(r)
+            valid[i, width - len(r):] = True
+        return ids, valid
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Answer text in the benchmark's list format (``["A B", "C D"]``), cut at the first EOS.
+
+        Tokens render literally (names double-quoted, ``,`` as ``", "``), so malformed token
+        sequences give malformed text for the graders to reject.
+        """
+        out = []
+        for i in ids:
+            tok = self.vocab[int(i)]
+            if tok == EOS:
+                break
+            if tok == SEP:
+                out.append(", ")
+            elif tok in (OPEN, CLOSE) or int(i) < self._first_name:
+                out.append(tok)
+            else:
+                out.append(f'"{tok}"')
+        return "".join(out)
+
+    def _name_id(self, name: str) -> int:
+        if name not in self.token_id or self.token_id[name] < self._first_name:
+            raise KeyError(f"name {name!r} is not in the oracle vocabulary; build the oracle "
+                           f"with WaitingLineOracle.from_records(...) or pass it in names")
+        return self.token_id[name]
+
+    # ---- the model ------------------------------------------------------------------------
+    def parse_prompt(self, ids: Sequence[int]) -> tuple[str, tuple[str, ...], str | None,
+                                                        int | None]:
+        """``(task, items, word, index)`` from prompt ids (left padding skipped)."""
+        start = next((i for i, t in enumerate(ids) if t in self._task_of), None)
+        if start is None:
+            raise ValueError("no task token in the prompt; encode prompts with encode_prompt()")
+        task = self._task_of[ids[start]]
+        rest = list(ids[start + 1:])
+        if rest and rest[-1] == self.token_id[ANSWER]:
+            rest = rest[:-1]
+        index = self._index_of.get(rest[0]) if rest else None
+        if index is not None:
+            rest = rest[1:]
+        word = None
+        if rest and rest[0] >= self._first_name:
+            word, rest = self.vocab[rest[0]], rest[1:]
+        if not rest or rest[0] != self.token_id[OPEN] or rest[-1] != self.token_id[CLOSE]:
+            raise ValueError(f"malformed prompt list: {[self.vocab[t] for t in ids]}")
+        items = tuple(self.vocab[t] for t in rest[1:-1:2])
+        return task, items, word, index
+
+    def answer_table(self, prompt_ids: Sequence[int], gen_length: int) -> Tensor:
+        """Every valid answer of a prompt as ids ``[M, G]`` (EOS-padded)."""
+        task, items, word, index = self.parse_prompt(prompt_ids)
+        answers = valid_answers(task, items, word, index)
+        return torch.tensor([self.encode_answer(a, gen_length) for a in answers],
+                            dtype=torch.long)
+
+    def marginals(self, answers: Tensor, canvas: Tensor) -> Tensor:
+        """Exact per-position conditionals for canvases that share one prompt.
+
+        Args:
+            answers: ``[M, G]`` the valid answers (uniformly likely a priori).
+            canvas: ``[R, G]`` generation regions; non-mask entries are committed tokens.
+
+        Returns: float64 probabilities ``[R, G, V]``: for each row, the distribution of each
+        position over the answers consistent with that row's committed tokens (all answers
+        when none is consistent).
+        """
+        known = canvas != self.mask_token_id  # [R, G]
+        match = (answers[None] == canvas[:, None]) | ~known[:, None]  # [R, M, G]
+        weight = match.all(dim=-1).double()  # [R, M]
+        none = weight.sum(-1, keepdim=True) == 0
+        weight = torch.where(none, torch.ones_like(weight), weight)
+        weight = weight / weight.sum(-1, keepdim=True)
+        r, g = canvas.shape
+        probs = torch.zeros(r, g, self.vocab_size, dtype=torch.float64, device=canvas.device)
+        index = answers.T[None].expand(r, g, -1)  # [R, G, M]
+        return probs.scatter_add_(2, index, weight[:, None, :].expand(r, g, -1))
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        *,
+        cache: Any = None,
+        slots: Tensor | None = None,
+        mask: Tensor | None = None,
+        store: bool = True,
+        hidden_rows: Tensor | None = None,
+    ) -> Tensor:
+        """Logits ``[B, N, V]`` (float32): log conditionals at masked answer positions.
+
+        Args:
+            tokens: ``[B, N]`` the whole canvas (prompt, ``<answer>``, generation region).
+            positions: ``[B, N]`` positions (unused beyond the shape check).
+            cache: must be ``None`` (the oracle has no cache).
+            slots: ignored (cache only).
+            mask: ignored (the oracle reads the prompt tokens directly).
+            store: ignored (cache only).
+            hidden_rows: optional ``[R]`` indices into N; logits only for those rows.
+
+        Committed and prompt positions get a point mass on their own token; impossible tokens
+        get ``NEG_LOGIT``. Deterministic; syncs to the host (it parses prompts in Python).
+        """
+        if cache is not None:
+            raise ValueError("WaitingLineOracle does not support a K/V cache; use cache='none'")
+        if tokens.dim() != 2 or tokens.shape != positions.shape:
+            raise ValueError(f"tokens {tuple(tokens.shape)} and positions "
+                             f"{tuple(positions.shape)} must both be [B, N]")
+        b, n = tokens.shape
+        probs = torch.zeros(b, n, self.vocab_size, dtype=torch.float64, device=tokens.device)
+        probs.scatter_(2, tokens[..., None], 1.0)
+        answer_id = self.token_id[ANSWER]
+        groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
+        for row, ids in enumerate(tokens.tolist()):
+            if answer_id not in ids:
+                raise ValueError("the oracle needs the whole canvas (prompt ending in "
+                                 "<answer>) in every forward; partial/cached forwards are "
+                                 "not supported")
+            start = ids.index(answer_id) + 1
+            groups.setdefault((tuple(ids[:start]), start), []).append(row)
+        for (prompt, start), rows in groups.items():
+            answers = self.answer_table(prompt, n - start).to(tokens.device)
+            region = tokens[rows, start:]
+            masked = region == self.mask_token_id
+            cond = self.marginals(answers, region)
+            probs[rows, start:] = torch.where(masked[..., None], cond, probs[rows, start:])
+        logits = torch.where(probs > 0, probs.log(), torch.full_like(probs, NEG_LOGIT)).float()
+        return logits if hidden_rows is None else logits[:, hidden_rows]

@@ -1,0 +1,93 @@
+"""Policy protocols and the shared selection helpers.
+
+An ``UnmaskPolicy`` maps a ``StepState`` to a commit mask ``[B, L]`` (a subset of
+``state.eligible`` with at least one commit in every row that has an eligible position, ties to
+the lower index). A ``Stopper`` may end decoding early (remaining masks take their argmax); a
+``Truncator`` shortens rows (EoTP). Policies are frozen dataclasses: per-generation memory
+lives in the object returned by ``init_memory`` and handed back through ``state.memory``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol, runtime_checkable
+
+import torch
+from torch import Tensor
+
+from dllm_decode.types import StepState
+
+
+@runtime_checkable
+class UnmaskPolicy(Protocol):
+    """Selects which eligible positions to commit this step."""
+
+    #: uses the scheduled per-step budget (fixed steps); False = adaptive (open-ended steps)
+    budgeted: bool
+
+    def select(self, state: StepState) -> Tensor:
+        """``state`` -> commit mask ``[B, L]`` bool."""
+        ...
+
+
+@runtime_checkable
+class Stopper(Protocol):
+    def should_stop(self, state: StepState) -> Tensor:
+        """``state`` -> ``[B]`` bool: commit every remaining mask at its argmax now."""
+        ...
+
+
+@runtime_checkable
+class Truncator(Protocol):
+    def truncate(self, state: StepState, commit: Tensor) -> Tensor:
+        """``state``, this step's commit mask -> new canvas length per row ``[B]`` (int64)."""
+        ...
+
+
+def rank_desc(score: Tensor, eligible: Tensor) -> Tensor:
+    """Rank ``[B, L]`` of each eligible position by descending score (0 = best).
+
+    Ties go to the lower index (stable sort); ineligible positions rank after all eligible.
+    """
+    neg = torch.finfo(score.dtype).min if score.is_floating_point() else -(2**62)
+    key = torch.where(eligible, score, torch.full_like(score, neg))
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    ranks = torch.empty_like(order)
+    ranks.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device)
+                   .expand_as(order).contiguous())
+    # ineligible entries sorted among -inf/min ties: push them behind every eligible one
+    return torch.where(eligible, ranks, torch.full_like(ranks, order.shape[-1]))
+
+
+def topk_mask(score: Tensor, eligible: Tensor, k: Tensor) -> Tensor:
+    """Commit the ``k [B]`` best eligible positions per row (no host sync)."""
+    return eligible & (rank_desc(score, eligible) < k[:, None])
+
+
+def top1_mask(score: Tensor, eligible: Tensor) -> Tensor:
+    """The single best eligible position of each row that has one."""
+    return topk_mask(score, eligible, torch.ones(score.shape[0], dtype=torch.long,
+                                                 device=score.device))
+
+
+def check_commit(state: StepState, commit: Tensor) -> None:
+    """Assert the commit contract: subset of eligible; >= 1 per row with an eligible position.
+
+    Used by the tests and by ``DiffusionSampler(debug=True)``; raises ``AssertionError``.
+    """
+    if commit.shape != state.eligible.shape or commit.dtype != torch.bool:
+        raise AssertionError(f"commit must be bool {tuple(state.eligible.shape)}, got "
+                             f"{commit.dtype} {tuple(commit.shape)}")
+    if (commit & ~state.eligible).any():
+        raise AssertionError("policy committed a position that is not eligible")
+    stalled = state.eligible.any(1) & ~commit.any(1)
+    if state.budget is not None:
+        stalled &= state.budget > 0
+    if stalled.any():
+        raise AssertionError(f"rows {stalled.nonzero().flatten().tolist()} have eligible "
+                             "positions but nothing was committed")
+
+
+def init_memory_of(policy: Any, batch: int, length: int, device: torch.device) -> Any:
+    """The policy's per-generation memory, or ``None`` if it keeps none."""
+    init = getattr(policy, "init_memory", None)
+    return init(batch, length, device) if init is not None else None

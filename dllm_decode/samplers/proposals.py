@@ -1,0 +1,127 @@
+"""Per-step proposals: sampling choice, LLaDA's EOS options and reference-order noise."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from dllm_decode import kernels
+from dllm_decode.cache.plans import Fed
+from dllm_decode.config import SamplerConfig
+from dllm_decode.kernels.reference import filter_logits
+from dllm_decode.types import Proposal
+
+
+class ProposalMaker:
+    """Turns a step's logits into a ``Proposal`` for the scored rows.
+
+    ``rng="reference"`` reproduces the reference decoders' random draws: LLaDA / Fast-dLLM draw
+    a float64 uniform over the *whole forward* ``[B, fed_width, V]`` (Fast-dLLM's prefix loop
+    twice per cached step); Dream draws Exp(1) noise ``[n_masked, V]`` over the masked positions
+    of all rows in row-major order (``torch.multinomial``'s algorithm).
+    """
+
+    def __init__(self, model: Any, cfg: SamplerConfig, family: str,
+                 generator: torch.Generator) -> None:
+        self.cfg = cfg
+        self.generator = generator
+        self.after_select = False
+        self.sampling = cfg.sampling or ("categorical" if family == "dream" else "gumbel")
+        eos = tuple(getattr(model, "eos_token_ids", ()) or ())
+        spec = getattr(model, "spec", None)
+        self.eos = eos[0] if eos else None
+        self.eot = getattr(spec, "eot_token_id", None)
+        if (cfg.logits_eos_inf or cfg.confidence_eos_eot_inf) and self.eos is None:
+            raise ValueError("the EOS options need a model with an EOS token id")
+
+    def propose(self, logits: Tensor, fed: Fed, rows: Tensor, masked: Tensor,
+                n_masked: int) -> Proposal:
+        """logits ``[B, R, V]`` for canvas ``rows`` -> Proposal ``[B, R]``."""
+        cfg = self.cfg
+        if cfg.logits_eos_inf:
+            logits = logits.clone()
+            logits[..., self.eos] = -torch.inf
+        noise = None
+        if cfg.temperature > 0 and cfg.rng == "reference":
+            noise = self._reference_noise(logits, fed, rows, masked, n_masked)
+        prop = kernels.propose(logits, temperature=cfg.temperature, sampling=self.sampling,
+                               top_p=cfg.top_p, top_k=cfg.top_k, noise=noise,
+                               generator=self.generator, impl=cfg.impl)
+        if cfg.confidence_eos_eot_inf and self.sampling == "gumbel":
+            prop = self._demote_eos(logits, prop)
+        return prop
+
+    def _reference_noise(self, logits: Tensor, fed: Fed, rows: Tensor, masked: Tensor,
+                         n_masked: int) -> Tensor | None:
+        b, _, v = logits.shape
+        gen = self.generator
+        if self.sampling == "gumbel":
+            shape = (b, fed.fed_width, v)
+            if fed.double_draw:  # Fast-dLLM's prefix loop: a Gumbel tensor drawn and discarded
+                torch.rand(shape, dtype=torch.float64, generator=gen, device=logits.device)
+            u = torch.rand(shape, dtype=torch.float64, generator=gen, device=logits.device)
+            return u[:, rows - fed.fed_start]
+        if self.after_select:  # origin: tokens are drawn after the reveal (resample_committed)
+            return torch.ones_like(logits, dtype=torch.float32)
+        at = masked[:, rows]
+        if int(at.sum()) != n_masked:
+            raise ValueError("rng='reference' with categorical sampling needs every masked "
+                             "position scored in the same forward (Dream's single block)")
+        noise = torch.ones(b, rows.numel(), v, device=logits.device)
+        noise[at] = torch.empty(n_masked, v, device=logits.device).exponential_(1, generator=gen)
+        return noise
+
+    def _demote_eos(self, logits: Tensor, prop: Proposal) -> Proposal:
+        """LLaDA ``confidence_eos_eot_inf``: EOS/EoT candidates get probability 0.
+
+        The reference writes -inf into the noised logits at EOS and into the logits at EoT;
+        at T = 0 both are the same tensor, so both are demoted, at T > 0 only EoT is
+        (``eos_eot_reference_asymmetry``); the remaining probabilities renormalise.
+        """
+        ids = []
+        if self.eot is not None:
+            ids.append(self.eot)
+        if self.cfg.temperature == 0 or not self.cfg.eos_eot_reference_asymmetry:
+            ids.append(self.eos)
+        z = logits.double().clone()
+        z[..., ids] = -torch.inf
+        prob = torch.softmax(z, dim=-1).gather(-1, prop.tokens[..., None])[..., 0]
+        return Proposal(prop.tokens, prob, prop.margin, prop.logit_margin, prop.neg_entropy)
+
+    def resample_committed(self, logits: Tensor, rows: Tensor, commit: Tensor,
+                           tokens: Tensor) -> Tensor:
+        """Dream ``origin``: tokens of revealed positions drawn after the reveal (one
+        categorical draw over the revealed rows, row-major), as the reference orders it."""
+        cfg = self.cfg
+        if cfg.temperature == 0 or cfg.rng != "reference":
+            return tokens
+        at = commit[:, rows]
+        # sync (reference RNG mode only): the draw's shape is the number revealed
+        n = int(at.sum())
+        if n == 0:
+            return tokens
+        z = filter_logits(logits[at], cfg.temperature, cfg.top_p, cfg.top_k)
+        probs = F.softmax(z, dim=-1)
+        e = torch.empty_like(probs).exponential_(1, generator=self.generator)
+        drawn = torch.argmax((probs / probs.sum(-1, keepdim=True)) / e, dim=-1)
+        sub = tokens[:, rows].clone()
+        sub[at] = drawn
+        out = tokens.clone()
+        out[:, rows] = sub
+        return out
+
+
+def widen(prop: Proposal, canvas: Tensor, rows: Tensor) -> Proposal:
+    """Scatter a ``[B, R]`` proposal into ``[B, L]`` (unscored positions: current token, 0)."""
+    def put(x: Tensor, base: Tensor) -> Tensor:
+        out = base.clone()
+        out[:, rows] = x.to(out.dtype)
+        return out
+
+    zeros = torch.zeros(canvas.shape, dtype=prop.prob.dtype, device=canvas.device)
+    return Proposal(tokens=put(prop.tokens, canvas), prob=put(prop.prob, zeros),
+                    margin=put(prop.margin, zeros), logit_margin=put(prop.logit_margin, zeros),
+                    neg_entropy=put(prop.neg_entropy, zeros))

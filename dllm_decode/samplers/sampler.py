@@ -1,0 +1,225 @@
+"""``DiffusionSampler``: the one decode loop every policy and cache mode plugs into."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.cache.plans import ForwardPlan
+from dllm_decode.config import SamplerConfig
+from dllm_decode.policies.base import check_commit, init_memory_of
+from dllm_decode.policies.registry import Policy, make_policy
+from dllm_decode.samplers import schedule as sch
+from dllm_decode.samplers.inputs import check_inputs
+from dllm_decode.samplers.proposals import ProposalMaker, widen
+from dllm_decode.types import Generation, StepState
+
+OnStep = Callable[[StepState, Tensor], None]
+
+
+class DiffusionSampler:
+    """Decode a masked diffusion LM with any policy and any cache mode.
+
+    The loop, per block (left to right) and per step:
+
+    1. **block start**: compute the block's budget base (LLaDA) or time grid (Dream);
+    2. **sync**: the one host check per step, "is anything still masked in this block?";
+    3. **forward**: the cache plan feeds the positions this mode recomputes (full canvas,
+       block + suffix, block only, or block-causal span); CFG doubles the batch;
+    4. **propose**: one fused pass over V gives per-position token, probability, margins and
+       entropy (``kernels.propose``); logits are dropped after this unless a policy asks;
+    5. **select**: the policy turns the ``StepState`` into a commit mask (subset of eligible);
+    6. **stop / truncate**: optional stopper (commit everything at its argmax) and truncator
+       (EoTP: shorten the row, crop visible keys);
+    7. **commit**: write tokens, record the commit step and the information committed.
+
+    Args:
+        model: any ``DiffusionLM``.
+        policy: a preset name (``make_policy``), a ``Policy`` or a selector object.
+        cache: ``"none" | "prefix" | "dual" | "block_causal"``.
+        debug: check the commit contract every step (``check_commit``).
+        **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``).
+    """
+
+    def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
+                 cache: str = "none", *, debug: bool = False, **params: Any) -> None:
+        names = set(SamplerConfig.field_names())
+        cfg_params = {k: v for k, v in params.items() if k in names}
+        policy_params = {k: v for k, v in params.items() if k not in names}
+        self.model = model
+        self.config = SamplerConfig(cache=cache, **cfg_params)
+        self.policy = make_policy(policy, **policy_params)
+        self.debug = debug
+
+    def __repr__(self) -> str:
+        return f"DiffusionSampler(policy={self.policy.name!r}, cache={self.config.cache.value!r})"
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: Tensor | list[list[int]], attention_mask: Tensor | None = None,
+                 *, on_step: OnStep | None = None, **overrides: Any) -> Generation:
+        """Decode ``gen_length`` positions after each prompt.
+
+        Args:
+            prompt_ids: ``[B, P]`` int64, left-padded.
+            attention_mask: ``[B, P]`` 1 = token, 0 = left padding (``None``: no padding).
+            on_step: optional callback ``(state, commit)`` after every selection.
+            **overrides: ``SamplerConfig`` fields for this call (``gen_length``, ``steps``, ...).
+
+        Returns: ``Generation`` (tokens ``[B, P + G]``, per-row NFE, commit steps, bits).
+        """
+        cfg = replace(self.config, **overrides) if overrides else self.config
+        model, policy = self.model, self.policy
+        selector, stopper, truncator = policy.selector, policy.stopper, policy.truncator
+        prompt, valid_prompt = check_inputs(model, prompt_ids, attention_mask, cfg)
+        b, p = prompt.shape
+        g = cfg.gen_length
+        length = p + g
+        device = prompt.device
+        mask_id = model.mask_token_id
+        fill_id = model.eos_token_ids[0] if model.eos_token_ids else mask_id
+
+        canvas = torch.cat([prompt, torch.full((b, g), mask_id, device=device)], dim=1)
+        valid = torch.cat([valid_prompt, torch.ones(b, g, dtype=torch.bool, device=device)], 1)
+        positions = model.rope_positions(valid)
+        gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)
+        family = getattr(model, "family", "")
+        schedule = cfg.schedule or ("dream" if family == "dream" else "llada")
+        layout = self._layout(cfg, p, length, selector)
+        n_blocks = len(layout)
+        steps_per_block = self._steps_per_block(cfg, n_blocks, selector)
+
+        cfg_on = cfg.cfg_scale > 0
+        prompt_index = (canvas != mask_id) & (torch.arange(length, device=device) < p)
+        model_valid = torch.cat([valid, valid]) if cfg_on else valid
+        model_pos = torch.cat([positions, positions]) if cfg_on else positions
+        plan = ForwardPlan(model, cfg.cache, model_valid, model_pos, cfg.refresh_every)
+        maker = ProposalMaker(model, cfg, family, gen)
+        maker.after_select = bool(getattr(selector, "proposes_after_select", False))
+
+        memory = init_memory_of(selector, b, length, device)
+        pos_idx = torch.arange(length, device=device)
+        lo = 0 if cfg.allow_prompt_masks else p
+        full_span = stopper is not None or bool(getattr(selector, "full_span", False))
+        nfe = torch.zeros(b, dtype=torch.long, device=device)
+        commit_step = torch.full((b, g), -1, dtype=torch.long, device=device)
+        lengths = torch.full((b,), g, dtype=torch.long, device=device)
+        bits: list[Tensor] = []
+        step = forwards = 0
+        total_steps = steps_per_block * n_blocks if steps_per_block else g
+
+        for blk, (bs, be, aligned) in enumerate(layout):
+            masked = canvas == mask_id
+            n_block = masked[:, bs:be].sum(1)
+            n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
+            times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
+            for i in range(n_iter):
+                masked = canvas == mask_id
+                # the one host sync per step: is anything still masked in this block?
+                n_left, n_masked = torch.stack([masked[:, bs:be].sum(), masked.sum()]).tolist()
+                if n_left == 0 and not (cfg.exact_steps and steps_per_block):
+                    break
+                model_canvas = canvas
+                if cfg_on:
+                    model_canvas = torch.cat([canvas, canvas.masked_fill(prompt_index, mask_id)])
+                fed = plan.forward(model_canvas, (bs, be), aligned, i, lo, full_span)
+                forwards += 1
+                logits = fed.logits
+                if cfg_on:
+                    cond, uncond = logits.chunk(2)
+                    logits = uncond + (cfg.cfg_scale + 1) * (cond - uncond)
+                rows = fed.rows.to(device)
+                fresh = torch.zeros(length, dtype=torch.bool, device=device)
+                fresh[rows] = True
+                eligible = masked & fresh[None] & (pos_idx < be)[None]
+                prop = maker.propose(logits, fed, rows, masked, n_masked)
+                full_prop = widen(prop, canvas, rows)
+                budget = None
+                if steps_per_block:
+                    budget = (sch.dream_budget(masked, times, i, n_iter) if schedule == "dream"
+                              else sch.llada_budget(n_block, i, n_iter))
+                state = StepState(
+                    proposal=full_prop, eligible=eligible, masked=masked,
+                    fresh=fresh[None].expand(b, -1), canvas=canvas, step=step, block=blk,
+                    block_start=bs, block_end=be, gen_start=p,
+                    steps_left=(n_iter - i) if steps_per_block or times is not None else None,
+                    budget=budget, progress=step / max(total_steps - 1, 1), generator=gen,
+                    forward_start=fed.fed_start, forward_width=fed.fed_width,
+                    times=(times[i], times[i + 1]) if times is not None else None,
+                    memory=memory, logits=logits if getattr(selector, "needs_logits", False)
+                    else None, extras={"n_masked": n_masked, "lengths": lengths},
+                )
+                commit = selector.select(state)
+                if self.debug:
+                    check_commit(state, commit)
+                tokens = full_prop.tokens
+                if getattr(selector, "proposes_after_select", False):
+                    tokens = maker.resample_committed(logits, rows, commit, tokens)
+                if stopper is not None:
+                    stop = stopper.should_stop(state)
+                    greedy = stop[:, None] & masked & fresh[None]
+                    tokens = torch.where(greedy & ~commit, state.extras.get("argmax", tokens),
+                                         tokens)
+                    commit = commit | greedy
+                canvas = torch.where(commit, tokens, canvas)
+                nll = -torch.log(full_prop.prob.double().clamp_min(1e-300))
+                bits.append(torch.where(commit, nll, 0.0).sum(1))
+                commit_step[commit[:, p:]] = step
+                nfe += eligible.any(1).long()
+                if truncator is not None:
+                    new_len = truncator.truncate(state, commit).clamp(max=g)
+                    lengths = torch.minimum(lengths, new_len)
+                    dead = pos_idx[None] >= (p + lengths)[:, None]
+                    canvas = torch.where(dead & (canvas == mask_id), fill_id, canvas)
+                    plan.valid[:b] &= ~dead
+                    if cfg_on:
+                        plan.valid[b:] &= ~dead
+                if cfg.stop_at_eos and model.eos_token_ids:
+                    canvas = _fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id)
+                if on_step is not None:
+                    on_step(state, commit)
+                step += 1
+        bits_t = torch.stack(bits, 1) if bits else torch.zeros(b, 0, dtype=torch.float64)
+        return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
+                          commit_step=commit_step, bits=bits_t, lengths=lengths)
+
+    # ---- layout --------------------------------------------------------------------------
+    def _layout(self, cfg: SamplerConfig, p: int, length: int,
+                selector: Any) -> list[tuple[int, int, int]]:
+        """``[(start, end, aligned_start)]`` blocks in canvas coordinates."""
+        model = self.model
+        if model.attention == "block_causal":
+            if cfg.block_length is not None and cfg.block_length != model.block_size:
+                raise ValueError(f"block-diffusion models decode in their own block size "
+                                 f"({model.block_size}); got block_length={cfg.block_length}")
+            bsz = model.block_size
+            return [(s, e, (s // bsz) * bsz) for s, e in sch.aligned_blocks(p, length, bsz)]
+        k = cfg.block_length or cfg.gen_length
+        return [(s, e, s) for s, e in sch.blocks(p, cfg.gen_length, k)]
+
+    def _steps_per_block(self, cfg: SamplerConfig, n_blocks: int, selector: Any) -> int | None:
+        if not getattr(selector, "budgeted", True):
+            if getattr(selector, "proposes_after_select", False):  # origin: Dream time grid
+                return (cfg.steps or cfg.gen_length) // n_blocks
+            return None
+        total = cfg.steps or cfg.gen_length
+        if total % n_blocks:
+            valid = [s for s in range(n_blocks, cfg.gen_length + 1, n_blocks)]
+            raise ValueError(f"steps ({total}) must be divisible by the number of blocks "
+                             f"({n_blocks}); e.g. one of {valid[:8]}")
+        return total // n_blocks
+
+
+def _fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,
+                    fill_id: int) -> Tensor:
+    """Rows with a committed EOS and nothing masked before it: masks after it become EOS."""
+    gen = canvas[:, p:]
+    is_eos = torch.isin(gen, torch.tensor(eos_ids, device=canvas.device))
+    idx = torch.arange(gen.shape[1], device=canvas.device)
+    first = torch.where(is_eos, idx, gen.shape[1]).min(1).values
+    masked_before = ((gen == mask_id) & (idx[None] < first[:, None])).any(1)
+    fill = (~masked_before)[:, None] & (idx[None] > first[:, None]) & (gen == mask_id)
+    return torch.cat([canvas[:, :p], torch.where(fill, fill_id, gen)], dim=1)

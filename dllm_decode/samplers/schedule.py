@@ -1,0 +1,54 @@
+"""Block iteration and per-step budgets.
+
+LLaDA (ML-GSAI/LLaDA ``get_num_transfer_tokens``): a block's masked count n is split over its S
+steps as ``n // S`` each, the first ``n % S`` steps one more. Dream (``_sample``): time grid
+``t = linspace(1, eps, S + 1)`` in float32; step i commits ``int(n_mean * (1 - t[i+1] / t[i]))``
+where ``n_mean`` is the masked count averaged over the batch; the last step commits the rest.
+Both budgets are computed as tensors (no host sync).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+
+def blocks(gen_start: int, gen_length: int, block_length: int) -> list[tuple[int, int]]:
+    """Prompt-relative blocks ``[(start, end), ...]`` in canvas coordinates (LLaDA/Dream)."""
+    return [(gen_start + i, gen_start + i + block_length)
+            for i in range(0, gen_length, block_length)]
+
+
+def aligned_blocks(gen_start: int, total: int, block_size: int) -> list[tuple[int, int]]:
+    """Blocks aligned to absolute positions (block-diffusion models): the first block may
+    start inside the prompt's last partial block; decoding covers ``[gen_start, total)``."""
+    out = []
+    start = (gen_start // block_size) * block_size
+    while start < total:
+        out.append((max(start, gen_start), min(start + block_size, total)))
+        start += block_size
+    return out
+
+
+def llada_budget(n_block: Tensor, step: int, steps: int) -> Tensor:
+    """``[B]`` commits at ``step`` (0-based) of ``steps`` for a block that had ``n_block``."""
+    return n_block // steps + (step < n_block % steps).long()
+
+
+def dream_times(steps: int, eps: float, device: torch.device | str = "cpu") -> Tensor:
+    """Dream's float32 time grid ``linspace(1, eps, steps + 1)``."""
+    return torch.linspace(1, eps, steps + 1, device=device)
+
+
+def dream_budget(masked: Tensor, times: Tensor, step: int, steps: int) -> Tensor:
+    """``[B]`` commits at ``step``: ``int(mean_masked * (1 - s/t))``, everything at the end.
+
+    ``masked`` is the ``[B, L]`` mask of masked positions; the count is the batch mean, as in
+    the reference (rows with different counts get the same number).
+    """
+    mean = masked.sum() / masked.shape[0]
+    if step < steps - 1:
+        n = mean * (1 - times[step + 1] / times[step])
+    else:
+        n = mean
+    return torch.floor(n).long().expand(masked.shape[0])

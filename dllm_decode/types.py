@@ -1,0 +1,146 @@
+"""Shared vocabulary, enums and result types.
+
+Shape letters used in docstrings across the package:
+B batch, P prompt length, G generation length, L = P + G canvas length, K block length,
+N positions fed to the model in one forward, V vocabulary, H heads, D head dim.
+
+Vocabulary: *canvas* (token buffer [B, L]), *block* (the span being denoised), *eligible*
+(masked and committable this step), *proposal* (per position: proposed token and its scores),
+*commit* (fix an eligible position to its proposed token), *NFE* (model forward passes).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+import torch
+from torch import Tensor
+
+
+class ScoreKind(str, Enum):
+    """Which per-position score ranks candidates (higher = more confident)."""
+
+    PROB = "prob"  # probability of the proposed token (LLaDA low_confidence, Dream maskgit_plus)
+    MARGIN = "margin"  # top1 - top2 probability (Dream topk_margin)
+    NEG_ENTROPY = "neg_entropy"  # sum p log p (Dream entropy)
+    LOGIT_MARGIN = "logit_margin"  # top1 - top2 logit (SchED, Prophet)
+
+
+class CacheMode(str, Enum):
+    """Which positions each forward recomputes (see ``dllm_decode.cache.plans``)."""
+
+    NONE = "none"
+    PREFIX = "prefix"
+    DUAL = "dual"
+    BLOCK_CAUSAL = "block_causal"
+    WINDOW = "window"
+
+
+class Impl(str, Enum):
+    """Kernel implementation choice: ``auto`` picks Triton only when a kernel can launch."""
+
+    AUTO = "auto"
+    REFERENCE = "reference"
+    TRITON = "triton"
+
+
+@dataclass(frozen=True)
+class Proposal:
+    """Per-position proposal for one forward.
+
+    All fields are ``[B, N]``: ``tokens`` int64; the rest float32. ``prob`` is the probability
+    of ``tokens`` under the scoring distribution, ``margin`` the top-2 probability gap,
+    ``logit_margin`` the top-2 raw-logit gap, ``neg_entropy`` is ``sum p log p`` (<= 0).
+    """
+
+    tokens: Tensor
+    prob: Tensor
+    margin: Tensor
+    logit_margin: Tensor
+    neg_entropy: Tensor
+
+    def score(self, kind: ScoreKind) -> Tensor:
+        """The ``[B, N]`` score of the given kind."""
+        return {
+            ScoreKind.PROB: self.prob,
+            ScoreKind.MARGIN: self.margin,
+            ScoreKind.NEG_ENTROPY: self.neg_entropy,
+            ScoreKind.LOGIT_MARGIN: self.logit_margin,
+        }[ScoreKind(kind)]
+
+
+@dataclass
+class StepState:
+    """Read-only view of one decoding step handed to policies.
+
+    ``proposal`` fields, ``eligible``, ``masked``, ``fresh`` and ``canvas`` are ``[B, L]``
+    (proposal values at positions without a fresh forward this step are stale or zero; see
+    ``fresh``). ``budget`` is the scheduled number of commits per row ``[B]`` (int64) or
+    ``None`` for open-ended (adaptive) steps. ``forward_start``/``forward_width`` give the canvas
+    span the reference decoder's forward covered (random draws use that shape); ``times`` is
+    ``(t, s)`` on Dream's time grid (float32 scalars) or ``None``. ``memory`` is the per-generation state object a
+    history policy created with ``init_memory``; it is the only mutable thing a policy sees.
+    """
+
+    proposal: Proposal
+    eligible: Tensor
+    masked: Tensor
+    fresh: Tensor
+    canvas: Tensor
+    step: int
+    block: int
+    block_start: int
+    block_end: int
+    gen_start: int
+    steps_left: int | None
+    budget: Tensor | None
+    progress: float
+    generator: torch.Generator | None
+    forward_start: int
+    forward_width: int
+    times: tuple[Tensor, Tensor] | None = None
+    memory: Any = None
+    logits: Tensor | None = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class Generation:
+    """Result of ``DiffusionSampler.generate``.
+
+    tokens: ``[B, L]`` final canvas (prompt + generation, left padding kept).
+    nfe: ``[B]`` forwards each row took part in while it still had masked positions.
+    forwards: total model forward calls (a batched or CFG call counts once).
+    steps: decoding steps (commit rounds) run.
+    commit_step: ``[B, G]`` step at which each generated position was committed (-1 never).
+    bits: ``[B, steps]`` information committed per step, sum of -log p of committed tokens.
+    lengths: ``[B]`` generation length per row after truncation (EoTP), else G.
+    """
+
+    tokens: Tensor
+    nfe: Tensor
+    forwards: int
+    steps: int
+    prompt_length: int
+    commit_step: Tensor
+    bits: Tensor
+    lengths: Tensor
+    trace: list[dict[str, Any]] | None = None
+
+    @property
+    def answer(self) -> Tensor:
+        """``[B, G]`` generated region of the canvas."""
+        return self.tokens[:, self.prompt_length :]
+
+    @property
+    def nll(self) -> Tensor:
+        """``[B]`` sum of -log p of committed tokens along the realised order (nats)."""
+        return self.bits.sum(dim=1)
+
+    def rounds_lower_bound(self, budget_nats: float) -> Tensor:
+        """``[B]`` bits-to-rounds lower bound: NLL / per-round information budget (ETE)."""
+        if budget_nats <= 0:
+            raise ValueError(f"budget_nats must be > 0, got {budget_nats}")
+        return torch.ceil(self.nll / budget_nats)
