@@ -80,8 +80,9 @@ class StepState:
     ``fresh``). ``budget`` is the scheduled number of commits per row ``[B]`` (int64) or
     ``None`` for open-ended (adaptive) steps. ``forward_start``/``forward_width`` give the canvas
     span the reference decoder's forward covered (random draws use that shape); ``times`` is
-    ``(t, s)`` on Dream's time grid (float32 scalars) or ``None``. ``memory`` is the per-generation state object a
-    history policy created with ``init_memory``; it is the only mutable thing a policy sees.
+    ``(t, s)`` on Dream's time grid (float32 scalars) or ``None``. ``memory`` is the
+    per-generation state object a history policy created with ``init_memory``; it is the only
+    mutable thing a policy sees.
     """
 
     proposal: Proposal

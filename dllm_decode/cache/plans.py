@@ -45,6 +45,10 @@ class Fed:
     double_draw: bool = False
 
 
+def _rows(lo: int, hi: int, canvas: Tensor) -> Tensor:
+    return torch.arange(lo, hi, device=canvas.device)
+
+
 class ForwardPlan:
     """Runs the model for one step according to the cache mode (one plan per generation)."""
 
@@ -111,25 +115,25 @@ class ForwardPlan:
             self.refresh_every is not None and step_in_block % self.refresh_every == 0)
         if mode is CacheMode.NONE:
             logits = self._run(canvas, 0, length, lo, hi, use_cache=False)
-            return Fed(logits, torch.arange(lo, hi, device=canvas.device), 0, length, refresh=True)
+            return Fed(logits, _rows(lo, hi, canvas), 0, length, refresh=True)
         if mode in (CacheMode.PREFIX, CacheMode.DUAL) and refresh:
             logits = self._run(canvas, 0, length, lo, hi, use_cache=True)
-            return Fed(logits, torch.arange(lo, hi, device=canvas.device), 0, length, refresh=True)
+            return Fed(logits, _rows(lo, hi, canvas), 0, length, refresh=True)
         if mode is CacheMode.PREFIX:
             start = max(bs - self.shift, 0)
             lo = max(lo, bs)
             logits = self._run(canvas, start, length, lo, hi, use_cache=True)
-            return Fed(logits, torch.arange(lo, hi, device=canvas.device), bs, length - bs, refresh=False,
+            return Fed(logits, _rows(lo, hi, canvas), bs, length - bs, refresh=False,
                        double_draw=True)
         if mode is CacheMode.DUAL:
             start = max(bs - self.shift, 0)
             lo, hi = max(lo, bs), be
             logits = self._run(canvas, start, be, lo, hi, use_cache=True)
-            return Fed(logits, torch.arange(lo, hi, device=canvas.device), bs, be - bs, refresh=False)
+            return Fed(logits, _rows(lo, hi, canvas), bs, be - bs, refresh=False)
         # block_causal: feed [clean_upto, be); the previous block gets its final K/V here
         start = max(min(self.clean_upto, aligned_start) - self.shift, 0)
         lo, hi = max(lo, aligned_start), be
         logits = self._run(canvas, start, be, lo, hi, use_cache=True)
         self.clean_upto = aligned_start
-        return Fed(logits, torch.arange(lo, hi, device=canvas.device), aligned_start, be - aligned_start,
+        return Fed(logits, _rows(lo, hi, canvas), aligned_start, be - aligned_start,
                    refresh=step_in_block == 0)

@@ -294,7 +294,8 @@ class DecoderLM(nn.Module):
             store: write fresh K/V into the cache (else attend to them without storing).
             hidden_rows: optional ``[R]`` indices into N; logits only for those rows.
 
-        Returns: logits ``[B, N, V]`` (or ``[B, R, V]``), ``logits[:, i]`` predicts ``tokens[:, i]``.
+        Returns: logits ``[B, N, V]`` (or ``[B, R, V]``); ``logits[:, i]`` predicts
+        ``tokens[:, i]``.
         """
         if tokens.shape != positions.shape or tokens.dim() != 2:
             raise ValueError(f"tokens {tuple(tokens.shape)} and positions "

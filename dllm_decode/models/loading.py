@@ -8,6 +8,7 @@ name (``load_model("tiny-llada")``).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections.abc import Callable
@@ -193,7 +194,5 @@ def register_auto_config() -> None:
         try:
             AutoConfig.register(model_type, cls, exist_ok=True)
         except TypeError:  # older transformers without exist_ok
-            try:
+            with contextlib.suppress(ValueError):
                 AutoConfig.register(model_type, cls)
-            except ValueError:
-                pass

@@ -69,8 +69,10 @@ def top1_mask(score: Tensor, eligible: Tensor) -> Tensor:
                                                  device=score.device))
 
 
-def check_commit(state: StepState, commit: Tensor) -> None:
-    """Assert the commit contract: subset of eligible; >= 1 per row with an eligible position.
+def check_commit(state: StepState, commit: Tensor, *, allow_empty: bool = False) -> None:
+    """Assert the commit contract: subset of eligible; >= 1 per row with an eligible position
+    (unless the scheduled budget is 0, or ``allow_empty`` for policies such as Dream's
+    ``origin`` whose random reveal may pick nothing).
 
     Used by the tests and by ``DiffusionSampler(debug=True)``; raises ``AssertionError``.
     """
@@ -79,6 +81,8 @@ def check_commit(state: StepState, commit: Tensor) -> None:
                              f"{commit.dtype} {tuple(commit.shape)}")
     if (commit & ~state.eligible).any():
         raise AssertionError("policy committed a position that is not eligible")
+    if allow_empty:
+        return
     stalled = state.eligible.any(1) & ~commit.any(1)
     if state.budget is not None:
         stalled &= state.budget > 0

@@ -81,6 +81,7 @@ class Origin:
 
     budgeted: bool = False
     proposes_after_select: bool = True
+    may_commit_nothing: bool = True
 
     def select(self, state: StepState) -> Tensor:
         if state.times is None:

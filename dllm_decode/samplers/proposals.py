@@ -29,6 +29,7 @@ class ProposalMaker:
         self.cfg = cfg
         self.generator = generator
         self.after_select = False
+        self.mask_id = model.mask_token_id
         self.sampling = cfg.sampling or ("categorical" if family == "dream" else "gumbel")
         eos = tuple(getattr(model, "eos_token_ids", ()) or ())
         spec = getattr(model, "spec", None)
@@ -39,10 +40,14 @@ class ProposalMaker:
 
     def propose(self, logits: Tensor, fed: Fed, rows: Tensor, masked: Tensor,
                 n_masked: int) -> Proposal:
-        """logits ``[B, R, V]`` for canvas ``rows`` -> Proposal ``[B, R]``."""
+        """logits ``[B, R, V]`` for canvas ``rows`` -> Proposal ``[B, R]``.
+
+        Edits ``logits`` in place (the mask token and, if asked, EOS become -inf).
+        """
         cfg = self.cfg
+        # the mask token is never a proposal (a committed MASK would stay masked forever)
+        logits[..., self.mask_id] = -torch.inf
         if cfg.logits_eos_inf:
-            logits = logits.clone()
             logits[..., self.eos] = -torch.inf
         noise = None
         if cfg.temperature > 0 and cfg.rng == "reference":

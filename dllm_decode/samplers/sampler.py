@@ -89,8 +89,7 @@ class DiffusionSampler:
         family = getattr(model, "family", "")
         schedule = cfg.schedule or ("dream" if family == "dream" else "llada")
         layout = self._layout(cfg, p, length, selector)
-        n_blocks = len(layout)
-        steps_per_block = self._steps_per_block(cfg, n_blocks, selector)
+        block_steps = self._block_steps(cfg, layout, selector)
 
         cfg_on = cfg.cfg_scale > 0
         prompt_index = (canvas != mask_id) & (torch.arange(length, device=device) < p)
@@ -109,11 +108,12 @@ class DiffusionSampler:
         lengths = torch.full((b,), g, dtype=torch.long, device=device)
         bits: list[Tensor] = []
         step = forwards = 0
-        total_steps = steps_per_block * n_blocks if steps_per_block else g
+        total_steps = sum(block_steps) if block_steps else g
 
         for blk, (bs, be, aligned) in enumerate(layout):
             masked = canvas == mask_id
             n_block = masked[:, bs:be].sum(1)
+            steps_per_block = block_steps[blk] if block_steps else None
             n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
             for i in range(n_iter):
@@ -154,7 +154,8 @@ class DiffusionSampler:
                 )
                 commit = selector.select(state)
                 if self.debug:
-                    check_commit(state, commit)
+                    check_commit(state, commit,
+                                 allow_empty=getattr(selector, "may_commit_nothing", False))
                 tokens = full_prop.tokens
                 if getattr(selector, "proposes_after_select", False):
                     tokens = maker.resample_committed(logits, rows, commit, tokens)
@@ -200,17 +201,26 @@ class DiffusionSampler:
         k = cfg.block_length or cfg.gen_length
         return [(s, e, s) for s, e in sch.blocks(p, cfg.gen_length, k)]
 
-    def _steps_per_block(self, cfg: SamplerConfig, n_blocks: int, selector: Any) -> int | None:
-        if not getattr(selector, "budgeted", True):
-            if getattr(selector, "proposes_after_select", False):  # origin: Dream time grid
-                return (cfg.steps or cfg.gen_length) // n_blocks
+    def _block_steps(self, cfg: SamplerConfig, layout: list[tuple[int, int, int]],
+                     selector: Any) -> list[int] | None:
+        """Steps per block for budgeted policies (``None``: adaptive, open-ended blocks).
+
+        Prompt-relative blocks split ``steps`` evenly (LLaDA's rule, divisibility required).
+        Absolute-aligned blocks of block-diffusion models can be partial at either end; each
+        gets ``ceil(len * steps / G)`` steps, i.e. the same tokens per step.
+        """
+        timed = getattr(selector, "proposes_after_select", False)  # origin: Dream time grid
+        if not getattr(selector, "budgeted", True) and not timed:
             return None
         total = cfg.steps or cfg.gen_length
+        n_blocks = len(layout)
+        if self.model.attention == "block_causal":
+            return [max(1, -(-(e - s) * total // cfg.gen_length)) for s, e, _ in layout]
         if total % n_blocks:
             valid = [s for s in range(n_blocks, cfg.gen_length + 1, n_blocks)]
             raise ValueError(f"steps ({total}) must be divisible by the number of blocks "
                              f"({n_blocks}); e.g. one of {valid[:8]}")
-        return total // n_blocks
+        return [total // n_blocks] * n_blocks
 
 
 def _fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,

@@ -1,0 +1,173 @@
+"""``dllm-decode``: generate | eval | bench | train."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+
+from dllm_decode.policies.registry import PRESETS
+
+#: the bundled default checkpoint (LLaDA-like); a seeded random model stands in if absent
+DEFAULT_MODEL = "tiny-llada"
+
+
+class ByteTokenizer:
+    """Fallback for models shipped without a tokenizer: UTF-8 bytes are ids 0..255."""
+
+    def __init__(self, vocab_size: int) -> None:
+        if vocab_size < 256:
+            raise ValueError("ByteTokenizer needs a vocabulary of at least 256 ids")
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
+
+
+def load_model_and_tokenizer(name: str | None, seed: int = 0) -> tuple[Any, Any, str]:
+    """(model, tokenizer, description) for ``--model`` (directory or bundled name)."""
+    from dllm_decode.models.loading import ASSETS, build_model, load_model, resolve_path
+
+    if name is None and not (ASSETS / DEFAULT_MODEL).is_dir():
+        cfg = {"model_type": "llada", "d_model": 64, "n_layers": 2, "n_heads": 4,
+               "mlp_hidden_size": 128, "vocab_size": 260, "embedding_size": 260,
+               "mask_token_id": 259, "eos_token_id": 258, "max_sequence_length": 1024}
+        model = build_model(cfg, seed=seed, init_std=0.5)
+        return model, ByteTokenizer(260), f"random LLaDA-like model (seed {seed})"
+    path = resolve_path(name or DEFAULT_MODEL)
+    model = load_model(path)
+    if (path / "tokenizer.json").is_file():
+        from transformers import AutoTokenizer
+
+        return model, AutoTokenizer.from_pretrained(str(path)), str(path)
+    return model, ByteTokenizer(model.vocab_size), str(path)
+
+
+def encode_prompt(tokenizer: Any, text: str) -> list[int]:
+    """Chat template when the tokenizer has one, else plain encoding."""
+    if getattr(tokenizer, "chat_template", None):
+        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                  add_generation_prompt=True, tokenize=True))
+    return list(tokenizer.encode(text))
+
+
+def _policy_params(pairs: list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for pair in pairs:
+        if "=" not in pair:
+            raise SystemExit(f"--param expects KEY=VALUE, got {pair!r}")
+        key, value = pair.split("=", 1)
+        for cast in (int, float):
+            try:
+                out[key] = cast(value)
+                break
+            except ValueError:
+                continue
+        else:
+            out[key] = {"true": True, "false": False, "none": None}.get(value.lower(), value)
+    return out
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from dllm_decode.samplers.sampler import DiffusionSampler
+
+    model, tok, desc = load_model_and_tokenizer(args.model, args.seed)
+    ids = encode_prompt(tok, args.prompt)
+    params = _policy_params(args.param)
+    sampler = DiffusionSampler(model, args.policy, cache=args.cache,
+                               gen_length=args.gen_length, block_length=args.block_length,
+                               steps=args.steps, temperature=args.temperature, seed=args.seed,
+                               stop_at_eos=args.stop_at_eos, **params)
+    prompt = torch.tensor([ids])
+    on_step = None
+    live = None
+    if args.show:
+        from dllm_decode.show import CanvasView
+
+        live = CanvasView(tok, model.mask_token_id, len(ids))
+        on_step = live.update
+    start = time.perf_counter()
+    with live if live is not None else _nullcontext():
+        out = sampler.generate(prompt, on_step=on_step)
+    elapsed = time.perf_counter() - start
+    answer = out.answer[0].tolist()
+    eos = set(model.eos_token_ids)
+    useful = next((i for i, t in enumerate(answer) if t in eos), len(answer))
+    text = tok.decode(answer[:useful]) if hasattr(tok, "decode") else str(answer[:useful])
+    print(text)
+    nfe = int(out.nfe[0])
+    print(f"[{desc} | policy={args.policy} cache={args.cache}] NFE={nfe} "
+          f"tokens/forward={len(answer) / max(nfe, 1):.2f} (useful {useful / max(nfe, 1):.2f}) "
+          f"time={elapsed:.2f}s tokens/s={useful / max(elapsed, 1e-9):.1f}", file=sys.stderr)
+    return 0
+
+
+class _nullcontext:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="dllm-decode", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    gen = sub.add_parser("generate", help="decode one prompt")
+    gen.add_argument("prompt")
+    gen.add_argument("--model", default=None,
+                     help=f"checkpoint directory or bundled name (default: {DEFAULT_MODEL})")
+    gen.add_argument("--policy", default="low_confidence", choices=sorted(PRESETS))
+    gen.add_argument("--cache", default="none",
+                     choices=["none", "prefix", "dual", "block_causal"])
+    gen.add_argument("--gen-length", type=int, default=64)
+    gen.add_argument("--block-length", type=int, default=None)
+    gen.add_argument("--steps", type=int, default=None)
+    gen.add_argument("--temperature", type=float, default=0.0)
+    gen.add_argument("--seed", type=int, default=0)
+    gen.add_argument("--stop-at-eos", action="store_true")
+    gen.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
+                     help="policy parameter, e.g. --param tau=0.8 (repeatable)")
+    gen.add_argument("--show", action="store_true", help="render the canvas filling in live")
+    gen.set_defaults(func=cmd_generate)
+
+    try:
+        from dllm_decode.eval import add_eval_subcommands
+    except ImportError:
+        add_eval_subcommands = None
+    if add_eval_subcommands is not None:
+        add_eval_subcommands(sub)
+    try:
+        from dllm_decode.train import add_train_subcommands
+    except ImportError:
+        add_train_subcommands = None
+    if add_train_subcommands is not None:
+        add_train_subcommands(sub)
+    try:
+        from dllm_decode.bench import add_bench_subcommand
+    except ImportError:
+        add_bench_subcommand = None
+    if add_bench_subcommand is not None:
+        add_bench_subcommand(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except (ValueError, FileNotFoundError) as err:
+        print(f"dllm-decode: error: {err}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,39 @@
+"""Shared test factories: tiny configs of every family built from a seed (no downloads)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dllm_decode.models import build_model
+
+MASK, EOS = 63, 62
+
+
+def tiny_config(family: str, **overrides: Any) -> dict[str, Any]:
+    """A release-style config.json dict for a tiny model of ``family``."""
+    if family == "llada":
+        cfg: dict[str, Any] = {
+            "model_type": "llada", "d_model": 32, "n_layers": 2, "n_heads": 4, "n_kv_heads": 4,
+            "mlp_hidden_size": 64, "rope_theta": 10000.0, "vocab_size": 64,
+            "embedding_size": 64, "mask_token_id": MASK, "eos_token_id": EOS,
+            "pad_token_id": EOS, "max_sequence_length": 256, "rms_norm_eps": 1e-5,
+        }
+    elif family in ("dream", "sdar"):
+        cfg = {
+            "model_type": "Dream" if family == "dream" else "sdar", "hidden_size": 32,
+            "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "intermediate_size": 64, "rope_theta": 10000.0, "vocab_size": 64,
+            "mask_token_id": MASK, "eos_token_id": EOS, "pad_token_id": EOS,
+            "max_position_embeddings": 256, "rms_norm_eps": 1e-6,
+        }
+        if family == "sdar":
+            cfg.update(block_size=4, qk_norm=True, head_dim=8)
+    else:
+        raise ValueError(family)
+    cfg.update(overrides)
+    return cfg
+
+
+def tiny_model(family: str = "llada", seed: int = 0, init_std: float = 0.5, **overrides: Any):
+    """A tiny random model with spread-out confidences (large init, as the fixtures use)."""
+    return build_model(tiny_config(family, **overrides), seed=seed, init_std=init_std)
