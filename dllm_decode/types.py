@@ -53,6 +53,7 @@ class Proposal:
     All fields are ``[B, N]``: ``tokens`` int64; the rest float32. ``prob`` is the probability
     of ``tokens`` under the scoring distribution, ``margin`` the top-2 probability gap,
     ``logit_margin`` the top-2 raw-logit gap, ``neg_entropy`` is ``sum p log p`` (<= 0).
+    ``argmax`` is the greedy token (``None``: same as ``tokens``, i.e. no sampling happened).
     """
 
     tokens: Tensor
@@ -60,6 +61,12 @@ class Proposal:
     margin: Tensor
     logit_margin: Tensor
     neg_entropy: Tensor
+    argmax: Tensor | None = None
+
+    @property
+    def greedy(self) -> Tensor:
+        """The argmax token per position (what stoppers commit, even when sampling)."""
+        return self.tokens if self.argmax is None else self.argmax
 
     def score(self, kind: ScoreKind) -> Tensor:
         """The ``[B, N]`` score of the given kind."""

@@ -12,6 +12,17 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from dllm_decode.kernels.common import (
+    AttentionOutput,
+    GumbelSample,
+    check_active,
+    check_attention,
+    check_kv_write,
+    check_logits,
+    mask_inactive_stats,
+    positions,
+    rope_table,
+)
 from dllm_decode.types import Proposal
 
 #: stands in for -inf in filtered logits, as Dream's top-p/top-k filters do (dtype minimum)
@@ -126,4 +137,190 @@ def propose(
     else:
         raise ValueError(f"sampling must be 'gumbel' or 'categorical', got {sampling!r}")
     return Proposal(tokens=tokens, prob=prob.float(), margin=stats["margin"],
-                    logit_margin=stats["logit_margin"], neg_entropy=stats["neg_entropy"])
+                    logit_margin=stats["logit_margin"], neg_entropy=stats["neg_entropy"],
+                    argmax=stats["token"] if temperature > 0 else None)
+
+
+# --- ops with a Triton twin (kernels/triton); shared checks live in kernels/common.py ---------
+
+
+def gumbel_sample(
+    logits: Tensor,
+    temperature: float,
+    seed: int | Tensor = 0,
+    offset: int = 0,
+    active: Tensor | None = None,
+    noise: Tensor | None = None,
+) -> GumbelSample:
+    """Gumbel-max sample from ``softmax(logits / T)`` plus the token's un-noised probability.
+
+    Args:
+        logits: ``[N, V]`` or ``[B, L, V]``, any float dtype (math in float64).
+        temperature: ``T >= 0``; ``T == 0`` is the argmax (ties to the lowest index).
+        seed, offset: select the noise stream when ``noise`` is omitted. This reference draws
+            from ``torch.Generator`` seeded with ``(seed, offset)``; it is *not* the Triton
+            kernel's Philox stream (same distribution, different draws). A tensor ``seed`` is
+            read with ``.item()`` (a host sync).
+        active: optional bool ``logits.shape[:-1]``; inactive rows give token -1 and ``-inf``.
+        noise: optional uniform float64 ``[..., V]`` (same shape as ``logits``); the token is
+            then ``gumbel_argmax(logits, T, noise)`` exactly, as in ``propose``.
+
+    Returns: ``GumbelSample(token int64, p_token float32, lse float32)``, each
+    ``logits.shape[:-1]``. ``p_token = exp(z_token - lse)`` under the untempered softmax.
+    """
+    check_logits(logits)
+    check_active(active, logits)
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    z = logits.double()
+    lse = torch.logsumexp(z, dim=-1)
+    if temperature == 0:
+        token = torch.argmax(z, dim=-1)
+    else:
+        if noise is None:
+            gen = torch.Generator(device=logits.device)
+            gen.manual_seed((int(seed) * 1_000_003 + int(offset)) % 2**63)
+            noise = torch.rand(logits.shape, dtype=torch.float64, generator=gen,
+                               device=logits.device)
+        elif noise.shape != logits.shape:
+            raise ValueError(f"noise must have the logits shape {tuple(logits.shape)}, got "
+                             f"{tuple(noise.shape)}")
+        token = gumbel_argmax(logits, temperature, noise)
+    p_token = (z.gather(-1, token[..., None])[..., 0] - lse).exp()
+    stats = {"token": token, "p_token": p_token.float(), "lse": lse.float()}
+    stats = mask_inactive_stats(stats, active)
+    return GumbelSample(stats["token"], stats["p_token"], stats["lse"])
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def kv_write_(
+    k_cache: Tensor,
+    v_cache: Tensor,
+    k_new: Tensor,
+    v_new: Tensor,
+    pos: int | Tensor,
+    cos: Tensor | None = None,
+    sin: Tensor | None = None,
+) -> None:
+    """In place: write fresh K/V rows into one layer's cache, optionally rotating K first.
+
+    Args:
+        k_cache, v_cache: ``[B, H_kv, L_max, D]``, modified in place (values cast to their dtype).
+        k_new, v_new: ``[B, H_kv, Lq, D]``.
+        pos: int (shared first row), int ``[B]`` first rows, or int ``[B, Lq]`` explicit rows.
+            Rows outside ``[0, L_max)`` (``-1`` by convention) are skipped. Rows must be
+            distinct within a sequence.
+        cos, sin: optional fp32 rotate-half RoPE tables, ``[P, D]`` indexed by cache row
+            (P >= L_max), or ``[B, Lq, D]`` / ``[B, 1, Lq, D]`` aligned with ``k_new``.
+            K is rotated in fp32 as ``k * cos + rotate_half(k) * sin``, then cast.
+
+    Sync: tensor ``pos`` uses boolean indexing (a host sync on CUDA); an in-range int ``pos``
+    is a plain slice copy.
+    """
+    check_kv_write(k_cache, v_cache, k_new, v_new, cos, sin)
+    b, _, n_new, _ = k_new.shape
+    max_len = k_cache.shape[2]
+    slots = positions(pos, b, n_new, k_cache.device)
+    k = k_new
+    if cos is not None:
+        cos_t, by_slot = rope_table(cos, b, n_new, max_len)
+        sin_t, _ = rope_table(sin, b, n_new, max_len)
+        if by_slot:
+            rows = slots.clamp(0, cos_t.shape[0] - 1)
+            cos_t, sin_t = cos_t[rows], sin_t[rows]  # [B, Lq, D]
+        kf = k.float()
+        k = kf * cos_t[:, None].float() + _rotate_half(kf) * sin_t[:, None].float()
+    if isinstance(pos, int) and pos >= 0 and pos + n_new <= max_len:
+        k_cache[:, :, pos:pos + n_new] = k.to(k_cache.dtype)
+        v_cache[:, :, pos:pos + n_new] = v_new.to(v_cache.dtype)
+        return
+    b_idx, t_idx = ((slots >= 0) & (slots < max_len)).nonzero(as_tuple=True)
+    s_idx = slots[b_idx, t_idx]
+    k_cache[b_idx, :, s_idx] = k[b_idx, :, t_idx].to(k_cache.dtype)
+    v_cache[b_idx, :, s_idx] = v_new[b_idx, :, t_idx].to(v_cache.dtype)
+
+
+def attention_visibility(
+    kv_start: Tensor,
+    kv_end: Tensor,
+    max_len: int,
+    q_len: int,
+    *,
+    n_new: int = 0,
+    q_start: Tensor | None = None,
+    new_mask: Tensor | None = None,
+    kv_mask: Tensor | None = None,
+) -> tuple[Tensor, Tensor | None]:
+    """Which keys each query sees in ``block_attention``.
+
+    Returns ``(cache_vis [B, L_max], new_vis [B, Lq, Lq_new] or None)``, bool. Cache row j is
+    visible iff ``kv_start[b] <= j < kv_end[b]``, ``kv_mask[b, j]`` (when given) and j is not
+    in ``[q_start[b], q_start[b] + Lq_new)`` (when ``q_start`` is given). Cache visibility is
+    the same for every query row; fresh-key visibility is ``new_mask`` (all True if None).
+    """
+    j = torch.arange(max_len, device=kv_start.device)
+    cache_vis = (j >= kv_start[:, None]) & (j < kv_end[:, None])
+    if kv_mask is not None:
+        cache_vis &= kv_mask
+    if q_start is not None:
+        cache_vis &= (j < q_start[:, None]) | (j >= q_start[:, None] + n_new)
+    if n_new == 0:
+        return cache_vis, None
+    b = kv_start.shape[0]
+    if new_mask is None:
+        new_vis = torch.ones(b, q_len, n_new, dtype=torch.bool, device=kv_start.device)
+    else:
+        new_vis = new_mask.expand(b, q_len, n_new)
+    return cache_vis, new_vis
+
+
+def block_attention(
+    q: Tensor,
+    k_cache: Tensor,
+    v_cache: Tensor,
+    kv_start: Tensor,
+    kv_end: Tensor,
+    *,
+    k_new: Tensor | None = None,
+    v_new: Tensor | None = None,
+    q_start: Tensor | None = None,
+    new_mask: Tensor | None = None,
+    kv_mask: Tensor | None = None,
+    sm_scale: float | None = None,
+    return_lse: bool = False,
+) -> AttentionOutput:
+    """Bidirectional attention of a query block over a cache range plus optional fresh keys.
+
+    Semantics (shared with the Triton kernel; see ``kernels.block_attention`` for the usage
+    patterns): visibility from ``attention_visibility``; softmax over the visible keys in
+    fp32 (inputs upcast); rows with no visible key give 0 and ``lse = -inf``. Invisible cache
+    rows are zeroed in a copy first, so their contents (even NaN) never matter.
+    """
+    check_attention(q, k_cache, v_cache, kv_start, kv_end, k_new, v_new, q_start, new_mask,
+                    kv_mask)
+    b, h, lq, d = q.shape
+    h_kv, max_len = k_cache.shape[1], k_cache.shape[2]
+    n_new = 0 if k_new is None else k_new.shape[2]
+    scale = 1.0 / math.sqrt(d) if sm_scale is None else sm_scale
+    cache_vis, new_vis = attention_visibility(kv_start, kv_end, max_len, lq, n_new=n_new,
+                                              q_start=q_start, new_mask=new_mask,
+                                              kv_mask=kv_mask)
+    hidden = ~cache_vis[:, None, :, None]
+    k = k_cache.float().masked_fill(hidden, 0.0)
+    v = v_cache.float().masked_fill(hidden, 0.0)
+    vis = cache_vis[:, None, :].expand(b, lq, max_len)
+    if k_new is not None:
+        k = torch.cat((k, k_new.float()), dim=2)
+        v = torch.cat((v, v_new.float()), dim=2)
+        vis = torch.cat((vis, new_vis), dim=2)
+    qg = q.float().reshape(b, h_kv, -1, d)  # [B, H_kv, (H / H_kv) * Lq, D]: heads by KV head
+    s = torch.einsum("bgqd,bgkd->bgqk", qg, k) * scale
+    s = s.view(b, h_kv, h // h_kv, lq, -1).masked_fill(~vis[:, None, None], -math.inf)
+    lse = torch.logsumexp(s, dim=-1)
+    p = torch.exp(s - torch.where(lse == -math.inf, 0.0, lse)[..., None])
+    out = torch.einsum("bgjqk,bgkd->bgjqd", p, v).reshape(b, h, lq, d).to(q.dtype)
+    return AttentionOutput(out, lse.reshape(b, h, lq) if return_lse else None)

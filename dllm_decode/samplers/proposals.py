@@ -94,7 +94,8 @@ class ProposalMaker:
         z = logits.double().clone()
         z[..., ids] = -torch.inf
         prob = torch.softmax(z, dim=-1).gather(-1, prop.tokens[..., None])[..., 0]
-        return Proposal(prop.tokens, prob, prop.margin, prop.logit_margin, prop.neg_entropy)
+        return Proposal(prop.tokens, prob, prop.margin, prop.logit_margin, prop.neg_entropy,
+                        prop.argmax)
 
     def resample_committed(self, logits: Tensor, rows: Tensor, commit: Tensor,
                            tokens: Tensor) -> Tensor:
@@ -129,4 +130,5 @@ def widen(prop: Proposal, canvas: Tensor, rows: Tensor) -> Proposal:
     zeros = torch.zeros(canvas.shape, dtype=prop.prob.dtype, device=canvas.device)
     return Proposal(tokens=put(prop.tokens, canvas), prob=put(prop.prob, zeros),
                     margin=put(prop.margin, zeros), logit_margin=put(prop.logit_margin, zeros),
-                    neg_entropy=put(prop.neg_entropy, zeros))
+                    neg_entropy=put(prop.neg_entropy, zeros),
+                    argmax=None if prop.argmax is None else put(prop.argmax, canvas))

@@ -103,6 +103,8 @@ class DiffusionSampler:
         pos_idx = torch.arange(length, device=device)
         lo = 0 if cfg.allow_prompt_masks else p
         full_span = stopper is not None or bool(getattr(selector, "full_span", False))
+        # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block
+        lookahead = int(getattr(selector, "lookahead", 0))
         nfe = torch.zeros(b, dtype=torch.long, device=device)
         commit_step = torch.full((b, g), -1, dtype=torch.long, device=device)
         lengths = torch.full((b,), g, dtype=torch.long, device=device)
@@ -125,7 +127,8 @@ class DiffusionSampler:
                 model_canvas = canvas
                 if cfg_on:
                     model_canvas = torch.cat([canvas, canvas.masked_fill(prompt_index, mask_id)])
-                fed = plan.forward(model_canvas, (bs, be), aligned, i, lo, full_span)
+                reach = min(be + lookahead, length)
+                fed = plan.forward(model_canvas, (bs, reach), aligned, i, lo, full_span)
                 forwards += 1
                 logits = fed.logits
                 if cfg_on:
@@ -134,7 +137,7 @@ class DiffusionSampler:
                 rows = fed.rows.to(device)
                 fresh = torch.zeros(length, dtype=torch.bool, device=device)
                 fresh[rows] = True
-                eligible = masked & fresh[None] & (pos_idx < be)[None]
+                eligible = masked & fresh[None] & (pos_idx < reach)[None]
                 prop = maker.propose(logits, fed, rows, masked, n_masked)
                 full_prop = widen(prop, canvas, rows)
                 budget = None
@@ -150,7 +153,8 @@ class DiffusionSampler:
                     forward_start=fed.fed_start, forward_width=fed.fed_width,
                     times=(times[i], times[i + 1]) if times is not None else None,
                     memory=memory, logits=logits if getattr(selector, "needs_logits", False)
-                    else None, extras={"n_masked": n_masked, "lengths": lengths},
+                    else None, extras={"n_masked": n_masked, "lengths": lengths,
+                                                "refresh": fed.refresh},
                 )
                 commit = selector.select(state)
                 if self.debug:
@@ -162,8 +166,7 @@ class DiffusionSampler:
                 if stopper is not None:
                     stop = stopper.should_stop(state)
                     greedy = stop[:, None] & masked & fresh[None]
-                    tokens = torch.where(greedy & ~commit, state.extras.get("argmax", tokens),
-                                         tokens)
+                    tokens = torch.where(greedy & ~commit, full_prop.greedy, tokens)
                     commit = commit | greedy
                 canvas = torch.where(commit, tokens, canvas)
                 nll = -torch.log(full_prop.prob.double().clamp_min(1e-300))
