@@ -33,27 +33,27 @@ def confidence_stats(logits: Tensor) -> dict[str, Tensor]:
     """One pass over V: argmax token and its probability, top-2 margins, entropy, LSE.
 
     Args:
-        logits: ``[..., V]`` any float dtype.
+        logits: ``[..., V]`` any float dtype (``-inf`` entries allowed).
 
-    Returns: dict of ``[...]`` tensors: ``token`` (int64, ties to the lowest index),
-    ``p_max``, ``margin`` (p1 - p2), ``logit_margin`` (z1 - z2), ``neg_entropy``
-    (sum p log p), ``lse``; float32, computed in float64.
+    Returns: dict of ``[...]`` float32 tensors (computed in fp32): ``token`` (int64, ties to
+    the lowest index), ``p_max``, ``margin`` (p1 - p2), ``logit_margin`` (z1 - z2),
+    ``neg_entropy`` (sum p log p, with 0 log 0 = 0), ``lse``.
     """
-    z = logits.double()
+    z = logits.float()
     lse = torch.logsumexp(z, dim=-1)
     top2 = torch.topk(z, k=min(2, z.shape[-1]), dim=-1).values
     z1 = top2[..., 0]
     z2 = top2[..., 1] if z.shape[-1] > 1 else torch.full_like(z1, -math.inf)
     logp = z - lse[..., None]
-    p = logp.exp()
-    neg_entropy = torch.xlogy(p, p).sum(-1)
+    neg_entropy = (logp.exp() * logp.clamp_min(_NEG)).sum(-1)
+    p1, p2 = (z1 - lse).exp(), (z2 - lse).exp()
     return {
         "token": torch.argmax(z, dim=-1),
-        "p_max": (z1 - lse).exp().float(),
-        "margin": ((z1 - lse).exp() - (z2 - lse).exp()).float(),
-        "logit_margin": (z1 - z2).float(),
-        "neg_entropy": neg_entropy.float(),
-        "lse": lse.float(),
+        "p_max": p1,
+        "margin": p1 - p2,
+        "logit_margin": z1 - z2,
+        "neg_entropy": neg_entropy,
+        "lse": lse,
     }
 
 
@@ -118,8 +118,8 @@ def propose(
                 noise = torch.rand(logits.shape, dtype=torch.float64, generator=generator,
                                    device=logits.device)
             tokens = gumbel_argmax(logits, temperature, noise)
-            lse = stats["lse"].double()
-            prob = (logits.double().gather(-1, tokens[..., None])[..., 0] - lse).exp().float()
+            lse = stats["lse"]
+            prob = (logits.float().gather(-1, tokens[..., None])[..., 0] - lse).exp()
         else:
             tokens, prob = stats["token"], stats["p_max"]
     elif sampling == "categorical":

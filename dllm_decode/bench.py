@@ -1,0 +1,188 @@
+"""Decode benchmark core: cache modes x policies -> NFE, TPF, per-step and end-to-end time.
+
+CPU timing follows kernels.md §4.5: one thread, ``time.thread_time`` around each call, warm-ups
+excluded, min/percentiles over repeats. CPU ratios measure *algorithmic* savings (fewer rows per
+forward, fewer forwards); GPU numbers are projected with ``roofline`` and labelled estimates.
+"""
+
+from __future__ import annotations
+
+import csv
+import datetime as _dt
+import platform
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_decode.cache.plans import ForwardPlan
+from dllm_decode.models.loading import build_model
+from dllm_decode.samplers.sampler import DiffusionSampler
+from dllm_decode.types import CacheMode
+
+HEADER = ["suite", "name", "provider", "policy", "cache", "B", "P", "G", "K", "V", "metric",
+          "unit", "p20", "p50", "p80", "device", "torch", "triton", "commit", "timestamp"]
+
+#: kernels.md §3 benchmark model (LLaDA-like, random weights: only time is meaningful)
+BENCH_CONFIG: dict[str, Any] = {
+    "model_type": "llada", "d_model": 256, "n_layers": 4, "n_heads": 4, "n_kv_heads": 4,
+    "mlp_hidden_size": 768, "vocab_size": 4096, "embedding_size": 4096, "mask_token_id": 4095,
+    "eos_token_id": 4094, "max_sequence_length": 4096, "rope_theta": 500000.0,
+}
+
+
+@dataclass(frozen=True)
+class Env:
+    device: str
+    torch: str
+    triton: str
+    commit: str
+    timestamp: str
+
+
+def environment() -> Env:
+    try:
+        import triton
+
+        tv = triton.__version__
+    except ImportError:
+        tv = "absent"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                                text=True, check=False).stdout.strip() or "unknown"
+    except OSError:
+        commit = "unknown"
+    return Env(device=f"cpu:{platform.processor() or platform.machine()}",
+               torch=torch.__version__, triton=tv, commit=commit,
+               timestamp=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"))
+
+
+def timed(fn: Callable[[], Any], repeats: int, warmup: int) -> list[float]:
+    """Thread CPU seconds of ``fn`` over ``repeats`` runs after ``warmup`` runs."""
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.thread_time()
+        fn()
+        out.append(time.thread_time() - t0)
+    return out
+
+
+def pct(xs: list[float]) -> tuple[float, float, float]:
+    t = torch.tensor(xs, dtype=torch.float64)
+    q = torch.quantile(t, torch.tensor([0.2, 0.5, 0.8], dtype=torch.float64))
+    return float(q[0]), float(q[1]), float(q[2])
+
+
+def step_times(model: Any, mode: CacheMode, batch: int, prompt: int, gen: int, block: int,
+               repeats: int, warmup: int) -> list[float]:
+    """Seconds of one non-refresh step of ``mode`` (``none``: a full forward) mid-generation."""
+    length = prompt + gen
+    canvas = torch.randint(0, model.vocab_size - 2, (batch, length))
+    valid = torch.ones(batch, length, dtype=torch.bool)
+    pos = model.rope_positions(valid)
+    plan = ForwardPlan(model, mode, valid, pos)
+    bs = prompt + (gen // block // 2) * block  # a block in the middle of the generation
+    with torch.inference_mode():
+        plan.forward(canvas, (bs, bs + block), bs, 0, bs, full_span=False)
+        step = 0 if mode is CacheMode.NONE else 1
+        return timed(lambda: plan.forward(canvas, (bs, bs + block), bs, step, bs, False),
+                     repeats, warmup)
+
+
+def decode_rows(model: Any, *, batches: Iterable[int], gens: Iterable[int], prompt: int,
+                block: int, steps_per_block: int, modes: Iterable[str], policy: str,
+                repeats: int, warmup: int, name: str = "bench-llada-4x256") -> list[dict]:
+    """Benchmark rows (HEADER schema) for every batch x gen length x cache mode."""
+    env = environment()
+    torch.set_num_threads(1)
+    rows: list[dict] = []
+    v = model.vocab_size
+    for b in batches:
+        for g in gens:
+            prompt_ids = torch.randint(0, v - 2, (b, prompt),
+                                       generator=torch.Generator().manual_seed(0))
+            steps = (g // block) * steps_per_block
+            for mode in modes:
+                sampler = DiffusionSampler(model, policy, cache=mode, gen_length=g,
+                                           block_length=block, steps=steps)
+                result: dict[str, Any] = {}
+
+                def run(s: DiffusionSampler = sampler, r: dict = result,
+                        x: torch.Tensor = prompt_ids) -> None:
+                    r["out"] = s.generate(x)
+
+                e2e = timed(run, repeats, warmup)
+                out = result["out"]
+                per_step = step_times(model, CacheMode(mode), b, prompt, g, block,
+                                      max(repeats, 3), 1)
+                nfe = float(out.nfe.float().mean())
+                base = dict(suite="decode", name=name, provider="torch", policy=policy,
+                            cache=mode, B=b, P=prompt, G=g, K=block, V=v, device=env.device,
+                            torch=env.torch, triton=env.triton, commit=env.commit,
+                            timestamp=env.timestamp)
+                for metric, unit, vals in (("end_to_end", "s", e2e),
+                                           ("step", "s", per_step)):
+                    p20, p50, p80 = pct(vals)
+                    rows.append(base | dict(metric=metric, unit=unit, p20=p20, p50=p50, p80=p80))
+                tpf = g / max(nfe, 1.0)
+                for metric, unit, val in (("nfe", "forwards", nfe), ("tpf", "tokens/forward", tpf),
+                                          ("tokens_per_s", "tokens/s", b * g / pct(e2e)[1])):
+                    rows.append(base | dict(metric=metric, unit=unit, p20=val, p50=val, p80=val))
+    return rows
+
+
+def ratios(rows: list[dict]) -> list[dict]:
+    """Speed-up of every cache mode over ``none`` (median end-to-end and per-step)."""
+    key = {(r["B"], r["G"], r["cache"], r["metric"]): r["p50"] for r in rows}
+    out = []
+    for (b, g, mode, metric), val in sorted(key.items()):
+        if mode == "none" or metric not in ("end_to_end", "step"):
+            continue
+        base = key.get((b, g, "none", metric))
+        if base:
+            out.append(dict(B=b, G=g, cache=mode, metric=metric, speedup=base / val))
+    return out
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.exists()
+    with path.open("a", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=HEADER)
+        if new:
+            w.writeheader()
+        w.writerows(rows)
+
+
+def add_bench_subcommand(sub: Any) -> None:
+    p = sub.add_parser("bench", help="decode benchmark: cache modes vs no cache (CPU ratios)")
+    p.add_argument("--batch", type=int, nargs="+", default=[1])
+    p.add_argument("--gen-length", type=int, nargs="+", default=[128])
+    p.add_argument("--prompt-length", type=int, default=128)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--steps-per-block", type=int, default=8)
+    p.add_argument("--cache", nargs="+", default=["none", "prefix", "dual"])
+    p.add_argument("--policy", default="low_confidence")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--out", type=Path, default=Path("benchmarks/results/decode.csv"))
+    p.set_defaults(func=_cmd_bench)
+
+
+def _cmd_bench(args: Any) -> int:
+    model = build_model(BENCH_CONFIG, seed=0)
+    rows = decode_rows(model, batches=args.batch, gens=args.gen_length,
+                       prompt=args.prompt_length, block=args.block_length,
+                       steps_per_block=args.steps_per_block, modes=args.cache,
+                       policy=args.policy, repeats=args.repeats, warmup=1)
+    write_csv(rows, args.out)
+    for r in ratios(rows):
+        print(f"B={r['B']} G={r['G']} {r['cache']:>6} {r['metric']:>10}: "
+              f"{r['speedup']:.2f}x vs none")
+    print(f"rows appended to {args.out}")
+    return 0

@@ -1,0 +1,40 @@
+"""Benchmark plumbing: CSV schema, ratios, and the roofline projection (an estimate)."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+
+from dllm_decode.bench import HEADER, decode_rows, ratios, write_csv
+from dllm_decode.roofline import DREAM_7B, H100_SXM, LLADA_8B, forward_seconds
+from tests.helpers import tiny_model
+
+
+def test_decode_rows_schema_and_ratios(tmp_path) -> None:
+    rows = decode_rows(tiny_model("llada"), batches=[1], gens=[8], prompt=4, block=4,
+                       steps_per_block=2, modes=["none", "dual"], policy="low_confidence",
+                       repeats=1, warmup=0, name="tiny")
+    metrics = {(r["cache"], r["metric"]) for r in rows}
+    assert ("dual", "end_to_end") in metrics and ("none", "tpf") in metrics
+    nfe = {r["cache"]: r["p50"] for r in rows if r["metric"] == "nfe"}
+    assert nfe == {"none": 4.0, "dual": 4.0}
+    rs = ratios(rows)
+    assert {(r["cache"], r["metric"]) for r in rs} == {("dual", "end_to_end"), ("dual", "step")}
+    path = tmp_path / "out.csv"
+    write_csv(rows, path)
+    with path.open() as fh:
+        read = list(csv.DictReader(fh))
+    assert list(read[0]) == HEADER and len(read) == len(rows)
+
+
+def test_roofline_matches_the_published_cost_model() -> None:
+    # kernels.md §2.4: LLaDA-8B B=1 dual ~5.9 ms, prefix ~6.3 ms, no cache ~20 ms (all rows)
+    dual = forward_seconds(LLADA_8B, H100_SXM, 1, 32, 768, 32)["total"]
+    prefix = forward_seconds(LLADA_8B, H100_SXM, 1, 160, 768, 32)["total"]
+    full = forward_seconds(LLADA_8B, H100_SXM, 1, 768, 768, 768)["total"]
+    assert dual * 1e3 == pytest.approx(5.9, rel=0.05)
+    assert prefix * 1e3 == pytest.approx(6.3, rel=0.05)
+    assert full * 1e3 == pytest.approx(20.0, rel=0.1)
+    assert LLADA_8B.linear_params == pytest.approx(6.98e9, rel=0.01)
+    assert DREAM_7B.kv_bytes_per_token == pytest.approx(57_344)
