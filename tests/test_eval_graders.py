@@ -229,8 +229,9 @@ def test_grade_dispatch() -> None:
     with pytest.raises(KeyError, match="unknown metric"):
         grade("exact_match", "", {})
     record = {"answer": format_list(BASE)}
-    assert grade("list_match_score", format_list(BASE), record, backends=TextBackends())[
-        "score"
-    ] == 1.0
+    assert (
+        grade("list_match_score", format_list(BASE), record, backends=TextBackends())["score"]
+        == 1.0
+    )
     with pytest.raises(ValueError, match="string answer"):
         list_match_score("[]", {"answer": {"input": BASE}})

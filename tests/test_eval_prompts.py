@@ -105,6 +105,7 @@ def test_official_records_render() -> None:
         assert [m["role"] for m in messages[:2]] == (["user", "assistant"] if shots else ["user"])
         assert all("\\n" not in m["content"] for m in messages if m["role"] == "user"), task
     n1 = json.loads((root / "words_to_sentence/easy_n1.jsonl").open().readline())
-    assert "using the word " + n1["input"]["words"] in render_messages(
-        "words_to_sentence/easy_n1", n1
-    )[0]["content"]
+    assert (
+        "using the word " + n1["input"]["words"]
+        in render_messages("words_to_sentence/easy_n1", n1)[0]["content"]
+    )

@@ -188,10 +188,11 @@ def _waiting_line_record(op: str, length: int, rng: random.Random) -> Record:
         if mode == "index":
             inputs["index"] = index
             answer = format_list(result)
-        else:
-            answer = {"input": names, "example": format_list(result)}
+        else:  # any valid answer is accepted; store the input, the newcomer and one example
+            answer = {"input": names}
             if action != "remove":
-                answer = {"input": names, "word": newcomer, "example": format_list(result)}
+                answer["word"] = newcomer
+            answer["example"] = format_list(result)
         metadata["index"] = index if mode == "index" else None
         if action != "remove":
             metadata["word"] = newcomer
@@ -208,9 +209,7 @@ def _length_schedule(n: int, min_len: int, max_len: int) -> list[int]:
     """Balanced lengths in ascending order: ``n // k`` per length, remainder to the shortest."""
     lengths = list(range(min_len, max_len + 1))
     per, extra = divmod(n, len(lengths))
-    return [
-        length for i, length in enumerate(lengths) for _ in range(per + (i < extra))
-    ]
+    return [length for i, length in enumerate(lengths) for _ in range(per + (i < extra))]
 
 
 # ---------------------------------------------------------------- puzzles

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Final
 
+# fmt: off
 #: Given names; a full name is "<first> <last>".
 FIRST_NAMES: Final[tuple[str, ...]] = (
     "Aaron", "Abigail", "Adam", "Adrian", "Aisha", "Alberto", "Alex", "Alice", "Amara", "Amelia",
@@ -52,3 +53,4 @@ LAST_NAMES: Final[tuple[str, ...]] = (
     "Strand", "Sutton", "Tanaka", "Taylor", "Torres", "Tran", "Tucker", "Vargas", "Vega", "Wagner",
     "Walsh", "Ward", "Watts", "Weber", "Wells", "West", "Wolfe", "Wong", "Young", "Zhang",
 )
+# fmt: on

@@ -1,0 +1,312 @@
+"""lm-evaluation-harness adapter: the ``dllm_decode`` model and a launcher.
+
+Usage (the launcher registers the model and adds the ParallelBench task pack)::
+
+    python -m dllm_decode.eval.lm_eval --model dllm_decode --tasks gsm8k --num_fewshot 5 \\
+        --model_args pretrained=GSAI-ML/LLaDA-8B-Instruct,policy=threshold,tau=0.9 \\
+        --gen_kwargs block_length=32
+
+Decoding knobs come from ``--model_args`` and, per request, from ``--gen_kwargs`` / the task's
+``generation_kwargs`` (those win): ``policy``, ``cache``, ``block_length``, ``steps`` or
+``tokens_per_step`` (steps = gen_length / k), ``temperature``, ``seed`` and any policy
+parameter (``tau``, ``factor``, ...). ``max_gen_toks`` sets gen_length (rounded up to a
+multiple of block_length); ``until`` strings truncate the decoded text.
+
+``loglikelihood`` is the Monte-Carlo masked ELBO of LLaDA-style evaluation: per draw, mask
+``l`` of the ``L`` continuation tokens (``l`` stratified over the draws of a batch), and
+average ``sum_masked CE / (l / L)``; ``mc_num`` draws in batches of ``mc_batch_size``.
+
+Importing this module registers the model (after importing ``lm_eval.models`` so the built-in
+models stay visible) and raises ``ImportError`` when lm-eval is not installed.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any, Final
+
+# Built-in models first: registering into an empty registry hides them (lm-eval 0.4.13).
+import lm_eval.models  # noqa: F401
+import torch
+import torch.nn.functional as F
+from lm_eval.api.model import LM
+from lm_eval.api.registry import register_model
+
+#: The ParallelBench task pack shipped with the package.
+TASK_PACK: Final[Path] = Path(__file__).parent / "parallelbench" / "lm_eval_tasks"
+#: Decoding knobs that are not policy parameters.
+_DECODE_KEYS: Final[frozenset[str]] = frozenset(
+    {"policy", "cache", "block_length", "steps", "tokens_per_step", "temperature", "seed"}
+)
+#: lm-eval generation kwargs that are not decoding knobs.
+_HARNESS_KEYS: Final[frozenset[str]] = frozenset({"until", "max_gen_toks", "do_sample"})
+DEFAULT_GEN_TOKS: Final[int] = 256
+
+
+def _typed(value: Any) -> Any:
+    """``"0.9"`` -> 0.9, ``"4"`` -> 4, ``"none"`` -> None (model_args arrive as strings)."""
+    if not isinstance(value, str):
+        return value
+    if value.lower() in ("none", "null"):
+        return None
+    for cast in (int, float):
+        try:
+            return cast(value)
+        except ValueError:
+            pass
+    return value
+
+
+class DllmDecodeLM(LM):
+    """Any ``dllm_decode`` model under lm-eval.
+
+    Args:
+        pretrained: checkpoint directory or bundled name (ignored when ``model`` is given).
+        tokenizer: tokenizer path or object (default: the checkpoint directory).
+        model: an already-built model object (Python API / tests).
+        device, dtype: where and how to load the model.
+        batch_size: requests decoded together (same decoding config only).
+        mc_num, mc_batch_size: Monte-Carlo draws for ``loglikelihood`` and their batch size.
+        doc_messages: render ``doc["messages"]`` (a JSON list of chat turns, as the task pack
+            provides) through the tokenizer's chat template instead of the flat context.
+        speed_log: JSONL path for per-request speed records keyed by (task, doc_id).
+        **knobs: default decoding knobs (see the module docstring).
+    """
+
+    def __init__(
+        self,
+        pretrained: str = "tiny-llada",
+        tokenizer: Any = None,
+        model: Any = None,
+        device: str | None = None,
+        dtype: str = "float32",
+        batch_size: int | str = 1,
+        mc_num: int = 128,
+        mc_batch_size: int = 32,
+        doc_messages: bool = False,
+        speed_log: str | None = None,
+        **knobs: Any,
+    ) -> None:
+        super().__init__()
+        if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
+            device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval defaults to cuda
+        if model is None:
+            from dllm_decode import load_model
+
+            model = load_model(pretrained, dtype=getattr(torch, dtype), device=device)
+        if tokenizer is None or isinstance(tokenizer, str):
+            from transformers import AutoTokenizer
+
+            from dllm_decode.eval.runner import _tokenizer_source
+
+            tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source(pretrained, tokenizer))
+        self.model, self.tokenizer = model, tokenizer
+        self.device_name = device
+        self.batch_size = int(_typed(batch_size)) if str(batch_size) != "auto" else 1
+        self.mc_num, self.mc_batch_size = int(mc_num), int(mc_batch_size)
+        if self.mc_num % self.mc_batch_size:
+            raise ValueError(
+                f"mc_num ({mc_num}) must be a multiple of mc_batch_size ({mc_batch_size})"
+            )
+        self.doc_messages = str(doc_messages).lower() in ("1", "true", "yes")
+        self.speed_log = Path(speed_log) if speed_log else None
+        knobs = {k: _typed(v) for k, v in knobs.items() if k not in ("max_batch_size",)}
+        self.knobs: dict[str, Any] = {"policy": "low_confidence", "cache": "none", **knobs}
+        self.eos_ids = tuple(getattr(model, "eos_token_ids", ()) or (tokenizer.eos_token_id,))
+        self._samplers: dict[tuple[Any, ...], Any] = {}
+
+    # ------------------------------------------------------------ helpers
+
+    def _encode(self, text: str, special: bool = True) -> list[int]:
+        return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
+
+    def _context_ids(self, request: Any) -> list[int]:
+        doc = getattr(request, "doc", None)
+        if self.doc_messages and isinstance(doc, dict) and "messages" in doc:
+            text = self.tokenizer.apply_chat_template(
+                json.loads(doc["messages"]), add_generation_prompt=True, tokenize=False
+            )
+            return self._encode(text, special=False)
+        return self._encode(request.args[0])
+
+    def decode_settings(self, gen_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict]:
+        """``(sampler_kwargs, generate_kwargs)`` for one request (gen_kwargs win)."""
+        merged = {**self.knobs, **{k: _typed(v) for k, v in gen_kwargs.items()}}
+        requested = int(merged.get("max_gen_toks") or DEFAULT_GEN_TOKS)
+        block = merged.get("block_length") or requested
+        gen_length = math.ceil(requested / block) * block
+        steps = merged.get("steps")
+        if merged.get("tokens_per_step"):
+            steps = max(1, gen_length // int(merged["tokens_per_step"]))
+        if merged.get("do_sample") is False:
+            merged["temperature"] = 0.0
+        params = {
+            k: v for k, v in merged.items() if k not in _DECODE_KEYS and k not in _HARNESS_KEYS
+        }
+        sampler = {"policy": merged["policy"], "cache": merged["cache"], **params}
+        generate = {
+            "gen_length": gen_length, "block_length": block, "steps": steps,
+            "temperature": float(merged.get("temperature") or 0.0),
+            "seed": int(merged.get("seed") or 0),
+        }  # fmt: skip
+        return sampler, generate
+
+    def _sampler(self, settings: dict[str, Any]) -> Any:
+        from dllm_decode import DiffusionSampler
+
+        key = tuple(sorted((k, str(v)) for k, v in settings.items()))
+        if key not in self._samplers:
+            self._samplers[key] = DiffusionSampler(self.model, **settings)
+        return self._samplers[key]
+
+    @staticmethod
+    def truncate(text: str, until: Sequence[str]) -> str:
+        """Cut ``text`` at the earliest occurrence of any non-empty stop string."""
+        cuts = [text.find(stop) for stop in until if stop and stop in text]
+        return text[: min(cuts)] if cuts else text
+
+    # ------------------------------------------------------------ lm-eval API
+
+    @property
+    def tokenizer_name(self) -> str:
+        """Fingerprint for lm-eval's request cache and ``--apply_chat_template``."""
+        return str(getattr(self.tokenizer, "name_or_path", "dllm_decode")).replace("/", "__")
+
+    def chat_template(self, chat_template: bool | str = False) -> str | None:
+        """The tokenizer's chat template (``None`` when it has none)."""
+        return getattr(self.tokenizer, "chat_template", None)
+
+    def apply_chat_template(
+        self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
+    ) -> str:
+        """Render lm-eval's chat history with the tokenizer's chat template."""
+        return self.tokenizer.apply_chat_template(
+            chat_history, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
+
+    def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
+        """Diffusion decoding per request; see the module docstring for the knobs."""
+        from dllm_decode.eval.parallelbench.codec import useful_length
+        from dllm_decode.eval.runner import left_pad
+
+        groups: dict[str, list[int]] = {}
+        settings = []
+        for i, request in enumerate(requests):
+            gen_kwargs = dict(request.args[1]) if len(request.args) > 1 else {}
+            sampler_kw, generate_kw = self.decode_settings(gen_kwargs)
+            settings.append((sampler_kw, generate_kw, gen_kwargs.get("until") or []))
+            groups.setdefault(json.dumps([sampler_kw, generate_kw], sort_keys=True), []).append(i)
+        outputs: list[str] = [""] * len(requests)
+        pad = self.tokenizer.pad_token_id
+        pad = self.eos_ids[0] if pad is None else pad
+        for members in groups.values():
+            for start in range(0, len(members), self.batch_size):
+                chunk = members[start : start + self.batch_size]
+                sampler_kw, generate_kw, _ = settings[chunk[0]]
+                prompts = [self._context_ids(requests[i]) for i in chunk]
+                ids, mask = left_pad(prompts, pad)
+                began = time.perf_counter()
+                generation = self._sampler(sampler_kw).generate(
+                    ids.to(self.device_name), mask.to(self.device_name), **generate_kw
+                )
+                seconds = (time.perf_counter() - began) / len(chunk)
+                for row, i in enumerate(chunk):
+                    answer = generation.answer[row].tolist()
+                    useful = useful_length(answer, self.eos_ids)
+                    text = self.tokenizer.decode(answer[:useful], skip_special_tokens=True)
+                    outputs[i] = self.truncate(text, settings[i][2])
+                    self._log_speed(requests[i], generation.nfe[row], useful, generate_kw,
+                                    sampler_kw, seconds, len(prompts[row]))  # fmt: skip
+        return outputs
+
+    def _log_speed(self, request: Any, nfe: Any, useful: int, generate_kw: dict,
+                   sampler_kw: dict, seconds: float, prompt_tokens: int) -> None:  # fmt: skip
+        if self.speed_log is None:
+            return
+        record = {
+            "task": getattr(request, "task_name", None),
+            "doc_id": getattr(request, "doc_id", None),
+            "nfe": int(nfe), "gen_tokens_useful": useful,
+            "gen_tokens_budget": generate_kw["gen_length"], "wall_time_s": seconds,
+            "prompt_tokens": prompt_tokens, "config": {**sampler_kw, **generate_kw},
+        }  # fmt: skip
+        self.speed_log.parent.mkdir(parents=True, exist_ok=True)
+        with self.speed_log.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def _masked_nll(
+        self, context: list[int], target: list[int], generator: torch.Generator
+    ) -> float:
+        """Monte-Carlo ELBO estimate of ``-log p(target | context)`` (nats)."""
+        length = len(target)
+        sequence = torch.tensor(context + target, dtype=torch.long, device=self.device_name)
+        positions = self.model.rope_positions(torch.ones_like(sequence, dtype=torch.bool)[None])
+        total = 0.0
+        for _ in range(self.mc_num // self.mc_batch_size):
+            b = self.mc_batch_size
+            # Stratified mask counts: a random offset plus b evenly spaced counts in 1..L.
+            offset = torch.randint(length, (1,), generator=generator).item()
+            counts = (offset + torch.arange(b) * length // b) % length + 1
+            scores = torch.rand(b, length, generator=generator)
+            ranks = scores.argsort(dim=1).argsort(dim=1)
+            masked = ranks < counts[:, None]  # [b, L]: exactly counts[j] masked positions
+            batch = sequence.expand(b, -1).clone()
+            batch[:, len(context) :][masked.to(batch.device)] = self.model.mask_token_id
+            with torch.no_grad():
+                logits = self.model.forward(batch, positions.expand(b, -1))
+            target_logits = logits[:, len(context) :].float()
+            loss = F.cross_entropy(
+                target_logits.reshape(-1, target_logits.shape[-1]),
+                sequence[len(context) :].expand(b, -1).reshape(-1), reduction="none",
+            ).view(b, length).cpu()  # fmt: skip
+            weight = length / counts.float()  # 1 / (l / L)
+            total += float((loss * masked).sum(dim=1).mul(weight).sum())
+        return total / self.mc_num
+
+    def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple]:
+        """``(log p, is_greedy)`` per request; ``is_greedy`` is not computed (always False)."""
+        generator = torch.Generator().manual_seed(int(self.knobs.get("seed") or 0))
+        out = []
+        for request in requests:
+            context, continuation = request.args
+            target = self._encode(continuation, special=False)
+            if not target:
+                out.append((0.0, True))
+                continue
+            nll = self._masked_nll(self._encode(context), target, generator)
+            out.append((-nll, False))
+        return out
+
+    def loglikelihood_rolling(self, requests: list[Any], disable_tqdm: bool = False) -> list:
+        raise NotImplementedError("dllm_decode does not estimate rolling (perplexity) likelihoods")
+
+
+if __name__ != "__main__":  # under ``python -m`` the canonical module registers (see below)
+    register_model("dllm_decode")(DllmDecodeLM)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Launcher: run lm-eval's CLI with this model registered and the task pack included."""
+    from lm_eval.__main__ import cli_evaluate
+
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "--include_path" not in args:
+        args += ["--include_path", str(TASK_PACK)]
+    saved = sys.argv
+    sys.argv = ["lm_eval", *args]
+    try:
+        cli_evaluate()
+    finally:
+        sys.argv = saved
+    return 0
+
+
+if __name__ == "__main__":
+    from dllm_decode.eval.lm_eval import main as registered_main
+
+    raise SystemExit(registered_main())

@@ -1,0 +1,233 @@
+"""Sweep grids: YAML (policies x params x block lengths x steps x tasks) -> decoding configs.
+
+Grid file (every key optional except ``sweeps``)::
+
+    model: tiny-llada              # the CLI's --model wins
+    tokenizer: null                # default: the model directory
+    source: official               # "official" (data: dir) or "generated" (clean-room sets)
+    data: /path/to/output/test     # released ParallelBench tree (official source)
+    num_samples: 100               # generated source: records per task
+    data_seed: 0                   # generated source: seed (held-out "test" split)
+    tasks: [waiting_line, puzzle/sudoku_n4_12]   # ids, categories, or "benchmark" (the 17)
+    limit: 20                      # first N docs per task
+    batch_size: 1
+    warmup: 0                      # discarded decode calls before each config's first batch
+    sweeps:
+      - policy: [low_confidence, random]
+        tokens_per_step: [1, 2, 4] # k: steps = gen_length / k  (or give steps: [...])
+        block_length: [full, 8]    # "full" = gen_length
+      - policy: threshold
+        params: {tau: [0.7, 0.9]}  # lists are crossed, scalars fixed
+        block_length: full
+
+Per sweep also: ``cache`` (default ``none``), ``temperature`` (0.0), ``seed`` (0),
+``gen_length`` (``auto`` = the task's max_tokens, or an int). A config is skipped (and
+reported) when ``k`` does not divide ``gen_length``, the block length does not divide it, or
+``steps`` is not a positive multiple of the block count (the v1 validity rules).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Final
+
+import yaml
+
+from dllm_decode.eval.parallelbench.tasks import BENCHMARK_TASKS, TASK_SPECS, task_spec
+
+SOURCES: Final[tuple[str, ...]] = ("official", "generated")
+_GRID_KEYS: Final[frozenset[str]] = frozenset(
+    {"model", "tokenizer", "source", "data", "num_samples", "data_seed", "tasks", "limit",
+     "batch_size", "warmup", "sweeps"}
+)  # fmt: skip
+_SWEEP_KEYS: Final[frozenset[str]] = frozenset(
+    {"policy", "params", "block_length", "steps", "tokens_per_step", "cache", "temperature",
+     "seed", "gen_length"}
+)  # fmt: skip
+#: Characters of the sha256 hex digest kept as a config id.
+HASH_CHARS: Final[int] = 16
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """One decoding configuration (everything that changes the generations of a model)."""
+
+    model: str
+    policy: str
+    params: tuple[tuple[str, Any], ...] = ()
+    cache: str = "none"
+    gen_length: int = 32
+    block_length: int | None = None
+    steps: int | None = None
+    temperature: float = 0.0
+    seed: int = 0
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready dict (``params`` as a mapping), the row's ``config`` field."""
+        out = asdict(self)
+        out["params"] = dict(self.params)
+        return out
+
+    @property
+    def config_hash(self) -> str:
+        """Stable id of the config (sha256 of its canonical JSON)."""
+        canonical = json.dumps(self.as_dict(), sort_keys=True)
+        return hashlib.sha256(canonical.encode()).hexdigest()[:HASH_CHARS]
+
+    @property
+    def tokens_per_step(self) -> float | None:
+        """``gen_length / steps`` for fixed schedules; ``None`` for adaptive ones."""
+        return None if self.steps is None else self.gen_length / self.steps
+
+
+@dataclass(frozen=True)
+class Sweep:
+    """One cartesian sweep of a grid (see the module docstring)."""
+
+    policy: tuple[str, ...]
+    params: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    block_length: tuple[int | str | None, ...] = ("full",)
+    steps: tuple[int | None, ...] = (None,)
+    tokens_per_step: tuple[int, ...] | None = None
+    cache: tuple[str, ...] = ("none",)
+    temperature: tuple[float, ...] = (0.0,)
+    seed: tuple[int, ...] = (0,)
+    gen_length: tuple[int | str, ...] = ("auto",)
+
+
+@dataclass(frozen=True)
+class Grid:
+    """A parsed grid file."""
+
+    sweeps: tuple[Sweep, ...]
+    tasks: tuple[str, ...] = BENCHMARK_TASKS
+    model: str | None = None
+    tokenizer: str | None = None
+    source: str = "official"
+    data: str | None = None
+    num_samples: int = 100
+    data_seed: int = 0
+    limit: int | None = None
+    batch_size: int = 1
+    warmup: int = 0
+    skipped: list[str] = field(default_factory=list, compare=False)
+
+
+def _as_tuple(value: Any) -> tuple[Any, ...]:
+    return tuple(value) if isinstance(value, list | tuple) else (value,)
+
+
+def _expand_tasks(names: Iterable[str]) -> tuple[str, ...]:
+    out: list[str] = []
+    for name in names:
+        if name == "benchmark":
+            out.extend(BENCHMARK_TASKS)
+        elif "/" in name:
+            task_spec(name)  # validates
+            out.append(name)
+        else:
+            members = [t for t in TASK_SPECS if t.split("/")[0] == name]
+            if not members:
+                raise ValueError(f"unknown task or category {name!r}")
+            out.extend(members)
+    return tuple(dict.fromkeys(out))
+
+
+def _parse_sweep(raw: Mapping[str, Any], where: str) -> Sweep:
+    unknown = set(raw) - _SWEEP_KEYS
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}; valid: {sorted(_SWEEP_KEYS)}")
+    if "policy" not in raw:
+        raise ValueError(f"{where}: every sweep needs a policy")
+    if "steps" in raw and "tokens_per_step" in raw:
+        raise ValueError(f"{where}: give steps or tokens_per_step, not both")
+    params = raw.get("params") or {}
+    if not isinstance(params, Mapping):
+        raise ValueError(f"{where}: params must be a mapping of name -> value(s)")
+    fields_ = {key: _as_tuple(raw[key]) for key in raw if key not in ("policy", "params")}
+    return Sweep(
+        policy=_as_tuple(raw["policy"]),
+        params=tuple(sorted((str(k), _as_tuple(v)) for k, v in params.items())),
+        **fields_,
+    )
+
+
+def parse_grid(raw: Mapping[str, Any]) -> Grid:
+    """Validate a grid mapping (e.g. from YAML).
+
+    Raises:
+        ValueError: unknown keys, missing sweeps, bad source / task names / sizes.
+    """
+    unknown = set(raw) - _GRID_KEYS
+    if unknown:
+        raise ValueError(f"grid: unknown keys {sorted(unknown)}; valid: {sorted(_GRID_KEYS)}")
+    sweeps = raw.get("sweeps")
+    if not sweeps or not isinstance(sweeps, list):
+        raise ValueError("grid: 'sweeps' must be a non-empty list")
+    source = raw.get("source", "official")
+    if source not in SOURCES:
+        raise ValueError(f"grid: source must be one of {SOURCES}, got {source!r}")
+    for key in ("batch_size", "num_samples"):
+        if key in raw and int(raw[key]) < 1:
+            raise ValueError(f"grid: {key} must be >= 1, got {raw[key]!r}")
+    options = {k: raw[k] for k in raw if k not in ("sweeps", "tasks")}
+    tasks = _expand_tasks(_as_tuple(raw.get("tasks", "benchmark")))
+    parsed = tuple(_parse_sweep(s, f"sweeps[{i}]") for i, s in enumerate(sweeps))
+    return Grid(sweeps=parsed, tasks=tasks, **options)
+
+
+def load_grid(path: str | Path) -> Grid:
+    """Read and validate a grid YAML file."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"grid file not found: {path}")
+    raw = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{path}: a grid must be a YAML mapping")
+    return parse_grid(raw)
+
+
+def expand_configs(grid: Grid, task: str, model: str) -> list[DecodeConfig]:
+    """The distinct valid decoding configs of ``grid`` for one task (in grid order).
+
+    Invalid combinations are skipped and described in ``grid.skipped``.
+    """
+    budget = task_spec(task).max_tokens
+    configs: list[DecodeConfig] = []
+    for sweep in grid.sweeps:
+        names = [name for name, _ in sweep.params]
+        schedule = sweep.tokens_per_step or sweep.steps
+        for combo in itertools.product(
+            sweep.policy, itertools.product(*(v for _, v in sweep.params)), sweep.cache,
+            sweep.temperature, sweep.seed, sweep.gen_length, sweep.block_length, schedule,
+        ):  # fmt: skip
+            policy, values, cache, temperature, seed, gen, block, sched = combo
+            gen_length = budget if gen == "auto" else int(gen)
+            block_length = gen_length if block in ("full", None) else int(block)
+            steps = sched
+            if sweep.tokens_per_step is not None:
+                if gen_length % int(sched):
+                    grid.skipped.append(f"{task}: k={sched} does not divide {gen_length}")
+                    continue
+                steps = gen_length // int(sched)
+            if gen_length % block_length:
+                grid.skipped.append(f"{task}: block {block_length} does not divide {gen_length}")
+                continue
+            blocks = gen_length // block_length
+            if steps is not None and (int(steps) < 1 or int(steps) % blocks):
+                grid.skipped.append(f"{task}: steps={steps} not a multiple of {blocks} blocks")
+                continue
+            configs.append(
+                DecodeConfig(
+                    model=model, policy=str(policy), params=tuple(zip(names, values, strict=True)),
+                    cache=str(cache), gen_length=gen_length, block_length=block_length,
+                    steps=None if steps is None else int(steps), temperature=float(temperature),
+                    seed=int(seed),
+                )
+            )  # fmt: skip
+    return list(dict.fromkeys(configs))

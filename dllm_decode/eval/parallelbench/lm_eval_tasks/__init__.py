@@ -1,0 +1,1 @@
+"""lm-evaluation-harness task pack for ParallelBench (YAML + ``utils`` loaders)."""
