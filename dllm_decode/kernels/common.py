@@ -89,12 +89,13 @@ def vocab_blocks(n_rows: int, vocab: int, sample: bool) -> tuple[int, int, int]:
     """``(BLOCK_R, BLOCK_V, num_warps)`` for the vocabulary pass.
 
     Long rows stream one row per program in ``BLOCK_V`` chunks; short rows (small V) pack many
-    rows into one program so that tiny vocabularies do not launch one program per row.
+    rows into one program so that tiny vocabularies do not launch one program per row. Packed
+    tiles are half as large: their 2-D layouts cost more registers (checked with ptxas -v).
     """
     tile = VOCAB_TILE_SAMPLE if sample else VOCAB_TILE
     block_v = min(next_pow2(vocab), tile)
-    block_r = max(1, min(tile // block_v, next_pow2(n_rows)))
-    num_warps = 8 if block_r * block_v >= 2048 else 4
+    block_r = 1 if block_v == tile else max(1, min(tile // 2 // block_v, next_pow2(n_rows)))
+    num_warps = 8 if block_r * block_v > 512 else 4
     return block_r, block_v, num_warps
 
 
@@ -216,5 +217,13 @@ def attention_blocks(q_len: int, head_dim: int, dtype: torch.dtype) -> tuple[int
     block_n = 64 if dtype != torch.float32 and block_d <= 64 else 32
     if block_d >= 256:
         block_n = 16
-    num_warps = 4 if block_m * block_d <= 64 * 64 else 8
+    num_warps = 8 if block_m * block_d >= 64 * 64 or block_d >= 128 else 4
     return block_m, block_n, block_d, num_warps
+
+
+def kv_write_blocks(n_new: int, head_dim: int) -> tuple[int, int, int]:
+    """``(BLOCK_T, BLOCK_D, num_warps)`` for ``kv_write_``: at most 2048 elements per tile
+    (8 per thread), which keeps the RoPE variant free of spills."""
+    block_d = next_pow2(head_dim)
+    block_t = min(next_pow2(n_new), max(1, 2048 // block_d))
+    return block_t, block_d, 8 if block_t * block_d >= 2048 else 4

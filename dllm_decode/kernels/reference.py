@@ -298,7 +298,8 @@ def block_attention(
     Semantics (shared with the Triton kernel; see ``kernels.block_attention`` for the usage
     patterns): visibility from ``attention_visibility``; softmax over the visible keys in
     fp32 (inputs upcast); rows with no visible key give 0 and ``lse = -inf``. Invisible cache
-    rows are zeroed in a copy first, so their contents (even NaN) never matter.
+    rows are zeroed in a copy first, so their contents (even NaN) never matter. Without
+    ``return_lse`` this is one SDPA call (the CPU fast path); with it, explicit fp32 math.
     """
     check_attention(q, k_cache, v_cache, kv_start, kv_end, k_new, v_new, q_start, new_mask,
                     kv_mask)
@@ -317,10 +318,15 @@ def block_attention(
         k = torch.cat((k, k_new.float()), dim=2)
         v = torch.cat((v, v_new.float()), dim=2)
         vis = torch.cat((vis, new_vis), dim=2)
+    if not return_lse:
+        out = F.scaled_dot_product_attention(q.float(), k, v, attn_mask=vis[:, None],
+                                             scale=scale, enable_gqa=h != h_kv)
+        out = out.masked_fill(~vis.any(-1)[:, None, :, None], 0.0)  # no visible key -> 0
+        return AttentionOutput(out.to(q.dtype), None)
     qg = q.float().reshape(b, h_kv, -1, d)  # [B, H_kv, (H / H_kv) * Lq, D]: heads by KV head
     s = torch.einsum("bgqd,bgkd->bgqk", qg, k) * scale
     s = s.view(b, h_kv, h // h_kv, lq, -1).masked_fill(~vis[:, None, None], -math.inf)
     lse = torch.logsumexp(s, dim=-1)
     p = torch.exp(s - torch.where(lse == -math.inf, 0.0, lse)[..., None])
     out = torch.einsum("bgjqk,bgkd->bgjqd", p, v).reshape(b, h, lq, d).to(q.dtype)
-    return AttentionOutput(out, lse.reshape(b, h, lq) if return_lse else None)
+    return AttentionOutput(out, lse.reshape(b, h, lq))
