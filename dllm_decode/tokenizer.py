@@ -14,6 +14,11 @@ Design:
   instruction sentences merge into a handful of tokens and prompts stay short), each digit is
   its own piece (Sudoku grids, indices), and a run of punctuation with inner single spaces is
   one piece (``'", "'`` between two list items is one token).
+* **Coverage**: trained on the clean-room generators' prompts, so the generators' names are
+  one token per word ("Dara", " Campos") and a generated Waiting Line answer of 6 people is
+  about 19 tokens. Names outside those lists (e.g. the released ParallelBench data) fall back
+  to sub-word pieces: about 5.4 tokens per full name, so a released answer averages 30 tokens
+  and only ~56 % fit ParallelBench's 32-token budget; use ``gen_length=64`` there.
 * **Special tokens** (ids 0..5 in this order): pad, EOS, mask and the three chat roles. The
   chat template renders ``<|role|>\\n{content}<|endoftext|>`` per message and, with
   ``add_generation_prompt``, ends with ``<|assistant|>\\n``; the generated answer ends with EOS

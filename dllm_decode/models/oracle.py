@@ -152,7 +152,7 @@ class WaitingLineOracle(nn.Module):
         """An oracle whose vocabulary holds every name of ``records`` (demonstrations too)."""
         names: list[str] = []
         for record in records:
-            for rec in (record, *record["input"].get("icl_examples", [])):
+            for rec in (record, *(record["input"].get("icl_examples") or [])):
                 items, word, _ = record_fields(rec)
                 names.extend(items + ((word,) if word else ()))
         return cls(names, **kwargs)

@@ -1,0 +1,40 @@
+"""``dllm-decode train tiny ...`` and ``dllm-decode train learn2pd ...``."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Any
+
+
+def run_train(kind: str, argv: list[str]) -> int:
+    """Dispatch ``train <kind> ARGS`` (ARGS, including ``--help``, go to the trainer)."""
+    if kind == "tiny":
+        from dllm_decode.train.trainer import train_tiny_main
+
+        return int(train_tiny_main(argv) or 0)
+    if kind == "learn2pd":
+        from dllm_decode.train.learn2pd import train_learn2pd_main
+
+        return int(train_learn2pd_main(argv) or 0)
+    raise ValueError(f"unknown training kind {kind!r}; valid: tiny, learn2pd")
+
+
+def _tiny(args: argparse.Namespace) -> int:
+    return run_train("tiny", args.rest)
+
+
+def _learn2pd(args: argparse.Namespace) -> int:
+    return run_train("learn2pd", args.rest)
+
+
+def add_train_subcommands(sub: Any) -> None:
+    """Add ``train {tiny, learn2pd}``; each passes its remaining arguments to the trainer."""
+    train = sub.add_parser("train", help="train a tiny checkpoint or a Learn2PD filter")
+    kinds = train.add_subparsers(dest="train_kind", required=True)
+    for name, func, text in (
+        ("tiny", _tiny, "masked-diffusion training of a tiny LLaDA / Dream / SDAR model"),
+        ("learn2pd", _learn2pd, "EGP trajectories + Learn2PD filter training"),
+    ):
+        p = kinds.add_parser(name, help=text, add_help=False)
+        p.add_argument("rest", nargs=argparse.REMAINDER)
+        p.set_defaults(func=func)
