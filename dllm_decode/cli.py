@@ -10,7 +10,7 @@ from typing import Any
 
 import torch
 
-from dllm_decode.policies.registry import PRESETS
+from dllm_decode.policies.registry import PRESETS, load_optional_presets
 
 #: the bundled default checkpoint (LLaDA-like); a seeded random model stands in if absent
 DEFAULT_MODEL = "tiny-llada"
@@ -118,6 +118,7 @@ class _nullcontext:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    load_optional_presets()
     parser = argparse.ArgumentParser(prog="dllm-decode", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 

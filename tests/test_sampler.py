@@ -9,9 +9,11 @@ from hypothesis import strategies as st
 
 from dllm_decode import DiffusionSampler, SamplerConfig
 from dllm_decode.policies import PRESETS
+from dllm_decode.policies.registry import load_optional_presets
 from tests.helpers import EOS, MASK, tiny_model
 
 MODELS = {f: tiny_model(f, seed=11) for f in ("llada", "dream", "sdar")}
+load_optional_presets()
 POLICIES = sorted(PRESETS)
 
 
@@ -44,7 +46,10 @@ def test_invariants(family, policy, blocks, block_len, per_step, temperature, p,
     seen: list[tuple[torch.Tensor, torch.Tensor]] = []
 
     def record(state, commit):
-        seen.append((state.eligible.clone(), commit.clone()))
+        allowed = state.eligible
+        if sampler.policy.stopper is not None:  # a stop commits every fresh mask at its argmax
+            allowed = allowed | (state.masked & state.fresh)
+        seen.append((allowed.clone(), commit.clone()))
 
     sampler = DiffusionSampler(model, policy, debug=True, **kwargs)
     out = sampler.generate(prompt, on_step=record)

@@ -52,7 +52,7 @@ def make_policy(name: str | Policy | Any, **params: Any) -> Policy:
         if not hasattr(name, "select"):
             raise TypeError(f"policy must be a name or have select(state); got {type(name)}")
         return Policy(selector=name, name=type(name).__name__)
-    _load_optional_presets()
+    load_optional_presets()
     if name not in PRESETS:
         raise ValueError(f"unknown policy {name!r}; valid names: {sorted(PRESETS)}")
     factory = PRESETS[name]
@@ -72,11 +72,11 @@ def _accepted(factory: Callable[..., Any]) -> list[str]:
         return []
 
 
-def _load_optional_presets() -> None:
+def load_optional_presets() -> None:
     """Import policy modules that register presets (later methods live in their own files)."""
     import importlib
 
-    for mod in ("sched", "learn2pd", "ete", "history"):
+    for mod in ("sched", "learn2pd", "ete", "history", "s2d2", "window"):
         try:
             importlib.import_module(f"dllm_decode.policies.{mod}")
         except ModuleNotFoundError as err:

@@ -41,14 +41,16 @@ def dream_times(steps: int, eps: float, device: torch.device | str = "cpu") -> T
 
 
 def dream_budget(masked: Tensor, times: Tensor, step: int, steps: int) -> Tensor:
-    """``[B]`` commits at ``step``: ``int(mean_masked * (1 - s/t))``, everything at the end.
+    """``[B]`` commits at ``step``: ``int(n_masked * (1 - s/t))``, everything at the end.
 
-    ``masked`` is the ``[B, L]`` mask of masked positions; the count is the batch mean, as in
-    the reference (rows with different counts get the same number).
+    ``masked`` is the ``[B, L]`` mask of masked positions. The reference uses the batch-mean
+    count for every row; here each row uses its own count, which is identical whenever rows
+    have equal counts (always, in the reference's use) and keeps rows independent once they
+    diverge (per-row stops, truncation), so no row ends its last step with masks left.
     """
-    mean = masked.sum() / masked.shape[0]
+    n_masked = masked.sum(1).float()
     if step < steps - 1:
-        n = mean * (1 - times[step + 1] / times[step])
+        n = n_masked * (1 - times[step + 1] / times[step])
     else:
-        n = mean
-    return torch.floor(n).long().expand(masked.shape[0])
+        n = n_masked
+    return torch.floor(n).long()

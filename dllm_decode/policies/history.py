@@ -1,0 +1,233 @@
+"""Selectors that read previous steps: KLASS and CCD-DS.
+
+* KLASS: Kim, Hong et al., "KL-Adaptive Stability Sampling for Fast Inference in Masked
+  Diffusion Models", arXiv 2511.05664 (``shkim0116/KLASS``).
+* CCD / CCD-DS: Chen, Liu et al., "Beyond Confidence: Adaptive and Coherent Decoding for
+  Diffusion Language Models", arXiv 2512.02044 (``tonyckc/CCD-DLM-code``, Dream).
+
+Both keep explicit per-generation memory (``init_memory``), updated in place each step; both are
+budgeted: when their own rule does not fire they commit the schedule's top-k.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from dllm_decode.policies.base import rank_desc, topk_mask
+from dllm_decode.policies.registry import register
+from dllm_decode.types import ScoreKind, StepState
+
+#: added inside the logs of the KL, as the reference does (keeps 0 * log 0 finite)
+KL_EPS = 1e-12
+_STRATEGIES = ("all", "max_conf", "min_kl")
+
+
+def row_budget(state: StepState) -> Tensor | None:
+    """``[B]`` int64 scheduled commits per row, row by row (``None``: adaptive step).
+
+    On Dream's time grid the sampler's budget uses the batch-mean masked count, as the reference
+    does; there rows never diverge, but once a data-dependent rule (a ready set, a seek commit,
+    an early stop) makes them diverge it couples rows and can leave masks at a block's last
+    step. This recomputes it per row, ``floor(n_row * (1 - s / t))`` and everything at the last
+    step, which equals the sampler's value whenever the rows' masked counts are equal.
+    """
+    if state.times is None or state.budget is None:
+        return state.budget
+    n = state.masked.sum(1)
+    if state.steps_left == 1:
+        return n
+    t, s = state.times
+    return torch.floor(n * (1 - s / t)).long()
+
+
+@dataclass
+class KLASSMemory:
+    """KLASS state. ``log_prev`` ``[B, L, V]`` float32 ``log(p + 1e-12)`` of each position's
+    last fresh distribution (allocated at the first step, when V is known: B·L·V·4 bytes, e.g.
+    0.2 GB for L = 400, V = 126k; the reference keeps fp64). ``fresh_prev`` ``[B, L]``: scored
+    at the previous step. ``kl`` ``[B, L, h]``: the last h KLs (+inf = none). ``block`` /
+    ``block_step``: host counters for the in-block warm-up (no sync)."""
+
+    kl: Tensor
+    fresh_prev: Tensor
+    log_prev: Tensor | None = None
+    block: int = -1
+    block_step: int = 0
+
+
+@dataclass(frozen=True)
+class KLASS:
+    """KL-adaptive stability sampling (KLASS, arXiv 2511.05664).
+
+    Each step, for every scored position, ``KL_t = sum_v p_t (log(p_t + e) - log(p_{t-1} + e))``
+    (e = 1e-12) against the distribution of the previous step, kept in a history of ``history``
+    values. ``ready = eligible & all(last h KL < kl_threshold) & conf > conf_threshold``, checked
+    from the h-th step of a block on (``step_in_block >= h - 1``, as the reference). A row with
+    ready positions commits them (``unmask_strategy``: ``all``, or the single ``max_conf`` /
+    ``min_kl`` one); otherwise it commits the schedule's top-k by confidence.
+
+    ``p_t`` is the softmax of the step's raw logits (mask token at -inf); ``conf`` is the
+    proposal's probability. Deviations (flagged): at T > 0 the reference computes both from
+    Gumbel-noised logits, here they are noise-free; a KL counts only when the position was also
+    scored at the previous step (always true without a cache, since ``full_span`` asks for the
+    whole canvas; under ``dual`` a block's first step has no KL), otherwise it is +inf; and at
+    the last scheduled step of a block every eligible position is committed, where the reference
+    can leave masks behind when ready sets were smaller than the budget.
+
+    Defaults are the function defaults of the code (0.9, 0.01, 2); the LLaDA GSM8K script uses
+    ``conf_threshold=0.6, kl_threshold=0.015, history=2``.
+    """
+
+    conf_threshold: float = 0.9
+    kl_threshold: float = 0.01
+    history: int = 2
+    unmask_strategy: str = "all"
+    budgeted: bool = True
+    needs_logits: bool = True
+    full_span: bool = True
+
+    def __post_init__(self) -> None:
+        if self.history < 1:
+            raise ValueError(f"history must be >= 1, got {self.history}")
+        if self.unmask_strategy not in _STRATEGIES:
+            raise ValueError(f"unmask_strategy must be one of {_STRATEGIES}, got "
+                             f"{self.unmask_strategy!r}")
+
+    def init_memory(self, batch: int, length: int, device: torch.device) -> KLASSMemory:
+        return KLASSMemory(kl=torch.full((batch, length, self.history), torch.inf, device=device),
+                           fresh_prev=torch.zeros(batch, length, dtype=torch.bool,
+                                                  device=device))
+
+    def kl_step(self, state: StepState) -> Tensor:
+        """Advance the memory by this step's logits ``[B, R, V]`` (canvas positions
+        ``state.rows [R]``); returns ``KL_t`` ``[B, L]`` (+inf where the position was not scored
+        at the previous step, 0 where it is not scored now). No host sync."""
+        mem: KLASSMemory = state.memory
+        logits = state.logits
+        if logits is None:
+            raise ValueError("KLASS needs the step's logits (needs_logits=True)")
+        b, r, v = logits.shape
+        length = state.fresh.shape[1]
+        rows = state.rows
+        if rows is None:  # a contiguous span [lo, lo + R), located without a host sync
+            rows = state.fresh[0].int().argmax() + torch.arange(r, device=logits.device)
+        if rows.dim() != 1:
+            raise ValueError("KLASS needs logits rows shared by the batch; per-row (pruned) "
+                             "forwards such as cache='window' are not supported")
+        if mem.log_prev is None:
+            mem.log_prev = torch.zeros(b, length, v, device=logits.device)
+        p = torch.softmax(logits.float(), dim=-1)
+        log_p = torch.log(p + KL_EPS)
+        kl_rows = (p * (log_p - mem.log_prev.index_select(1, rows))).sum(-1)  # [B, R]
+        kl_rows = torch.where(mem.fresh_prev[:, rows], kl_rows, torch.full_like(kl_rows, torch.inf))
+        kl = torch.zeros(b, length, device=logits.device)
+        kl[:, rows] = kl_rows
+        mem.log_prev[:, rows] = log_p
+        # the history advances only at scored positions
+        rolled = torch.cat([mem.kl[..., 1:], kl[..., None]], dim=-1)
+        mem.kl.copy_(torch.where(state.fresh[..., None], rolled, mem.kl))
+        mem.fresh_prev.copy_(state.fresh)
+        return kl
+
+    def select(self, state: StepState) -> Tensor:
+        """Commit mask ``[B, L]``: the ready set, else top-``budget`` by confidence."""
+        mem: KLASSMemory = state.memory
+        kl = self.kl_step(state)
+        if state.block != mem.block:
+            mem.block, mem.block_step = state.block, 0
+        else:
+            mem.block_step += 1
+        conf, eligible = state.proposal.prob, state.eligible
+        stable = (mem.kl < self.kl_threshold).all(-1)
+        ready = eligible & (conf > self.conf_threshold) & stable
+        if mem.block_step < self.history - 1:  # the reference's in-block warm-up
+            ready = torch.zeros_like(ready)
+        if self.unmask_strategy != "all":  # a single ready position per row
+            one = torch.ones_like(conf[:, 0], dtype=torch.long)
+            ready = topk_mask(conf if self.unmask_strategy == "max_conf" else -kl, ready, one)
+        fallback = topk_mask(conf, eligible, row_budget(state))
+        commit = torch.where(ready.any(1, keepdim=True), ready, fallback)
+        if state.steps_left == 1:
+            commit = eligible.clone()
+        return commit
+
+
+@dataclass
+class CCDMemory:
+    """CCD state: ``buffer`` ``[B, L]`` bool, the next candidates recorded at the previous step
+    (never committed positions); ``prev_argmax`` ``[B, L]`` int64, the previous step's argmax
+    at every position scored then."""
+
+    buffer: Tensor
+    prev_argmax: Tensor
+
+
+@dataclass(frozen=True)
+class CCD:
+    """CCD-DS as released: the two-step consistency rule (CCD, arXiv 2512.02044).
+
+    With k = the step's budget, ``V_max = k + floor(k * expand_ratio)`` and a candidate width
+    ``V = 1`` that grows by one per step from step ``warm_up - 1`` on (clipped to ``V_max``):
+
+    * before ``warm_up``: commit the baseline top-k by ``score`` (Dream ``entropy``);
+    * from ``warm_up`` on: if the baseline top-k meets the previous step's buffer, take the
+      current top-V positions that were in the buffer *and* kept their argmax token; if there
+      are at least k of them commit them all (``seek_mode``, CCD-DS; otherwise only the best
+      k), else commit the baseline top-k;
+    * every step the buffer becomes the V best-ranked eligible positions not committed now.
+
+    ``expand_ratio=0`` keeps V <= k, so a consistent set can only be the baseline's top-k: the
+    output equals the baseline token for token. The paper's sliding-window average over d
+    contexts is not in the released code and not here. The code's "draft size 2V" and its
+    late-stage buffer reset (overridden by the next branch) have no effect and are omitted.
+    """
+
+    expand_ratio: float = 4.0
+    warm_up: int = 5
+    seek_mode: bool = True
+    score: ScoreKind = ScoreKind.NEG_ENTROPY
+    budgeted: bool = True
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "score", ScoreKind(self.score))
+        if self.expand_ratio < 0 or self.warm_up < 1:
+            raise ValueError("expand_ratio must be >= 0 and warm_up >= 1")
+
+    def init_memory(self, batch: int, length: int, device: torch.device) -> CCDMemory:
+        return CCDMemory(buffer=torch.zeros(batch, length, dtype=torch.bool, device=device),
+                         prev_argmax=torch.full((batch, length), -1, device=device))
+
+    def width(self, step: int, k: Tensor) -> Tensor:
+        """``[B]`` candidate width V at global ``step`` for budgets ``k [B]``."""
+        grown = 1 if step < self.warm_up - 1 else step - self.warm_up + 3
+        v_max = k + torch.floor(k * self.expand_ratio + 1e-9).long()
+        return v_max.clamp(max=grown)
+
+    def select(self, state: StepState) -> Tensor:
+        """Commit mask ``[B, L]``; updates the buffer and the argmax record. No host sync."""
+        mem: CCDMemory = state.memory
+        k, eligible = row_budget(state), state.eligible
+        score, greedy = state.proposal.score(self.score), state.proposal.greedy
+        ranks = rank_desc(score, eligible)
+        top = eligible & (ranks < k[:, None])
+        v = self.width(state.step, k)
+        commit = top
+        if state.step >= self.warm_up:
+            buffer = mem.buffer & eligible
+            kept = buffer & (ranks < v[:, None]) & (greedy == mem.prev_argmax)
+            n_kept = kept.sum(1)
+            if not self.seek_mode:
+                kept = topk_mask(score, kept, k)
+            early = (top & buffer).any(1) & (n_kept >= k) & (k > 0)
+            commit = torch.where(early[:, None], kept, top)
+        rest = eligible & ~commit
+        mem.buffer.copy_(rest & (rank_desc(score, rest) < v[:, None]))
+        mem.prev_argmax.copy_(torch.where(state.fresh, greedy, mem.prev_argmax))
+        return commit
+
+
+register("klass", KLASS)
+register("ccd", CCD)

@@ -1,0 +1,369 @@
+"""SchED early-exit stopper, and Prophet as its special case.
+
+* SchED: Mohamed, Zhang, Vazirgiannis, Shang, "Fast-Decoding Diffusion Language Models via
+  Progress-Aware Confidence Schedules", arXiv 2512.02892 (released Dream code
+  ``amr-mohamedd/SchED`` ``dream_sampling/sched.py``).
+* Prophet: Li, Zhou et al., "Diffusion Language Models Know the Answer Before Decoding",
+  arXiv 2508.19982 (``pixeli99/Prophet``).
+
+A stopper watches the aggregated top-2 *logit* margin of the still-masked answer region and, once
+it clears a threshold that decays with progress, the sampler commits every remaining mask at its
+argmax ("go all-in"). The selector in between is untouched: ``sched`` wraps any base preset.
+
+Per-generation memory (previous argmax, patience, sticky stop) lives in ``SchEDMemory``. The
+sampler only calls ``init_memory`` on the *selector*, so the presets wrap the base selector in
+``Supervised``, which owns both memories and hands the base its own.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.policies.base import init_memory_of
+from dllm_decode.policies.history import row_budget
+from dllm_decode.policies.registry import Policy, make_policy, register
+from dllm_decode.types import StepState
+
+_MODES = ("linear", "cosine", "exp", "piecewise")
+_STATS = ("mean", "median", "quantile")
+_REGIONS = ("all", "tail", "explicit")
+_STALE = ("skip", "use")
+
+
+@dataclass
+class SchEDMemory:
+    """Mutable per-generation state of a ``SchED`` stopper (updated in place).
+
+    prev_argmax ``[B, L]`` int64: argmax at the last checked step. has_prev / stopped ``[B]``
+    bool; patience ``[B]`` int64. last_margin ``[B, L]`` float32 / last_argmax ``[B, L]`` int64:
+    newest fresh values per position (``stale="use"``; -inf = never scored).
+    """
+
+    prev_argmax: Tensor
+    has_prev: Tensor
+    patience: Tensor
+    stopped: Tensor
+    last_margin: Tensor
+    last_argmax: Tensor
+
+
+@dataclass
+class PairedMemory:
+    """Memory of a ``Supervised`` selector: the base selector's and the stopper's."""
+
+    selector: Any
+    stopper: Any
+
+
+@dataclass(frozen=True)
+class SchED:
+    """Schedule-based early exit on the aggregated top-2 logit margin (SchED, arXiv 2512.02892).
+
+    At step i with progress ``u = i / (T - 1)`` (``state.progress``, clipped to [0, 1]):
+
+    1. focus ``F = R ∩ M`` (region ∩ still masked; ``average_over_masked=False``: all of R
+       inside the generation, since the sampler scores no prompt rows). ``R ∩ M`` empty: stop.
+    2. ``ḡ = stat(z1 - z2 over F)`` from ``proposal.logit_margin`` (raw logits; the sampler has
+       already set the mask token's logit to -inf, the released code keeps it). Empty -> -inf.
+    3. Stability gate of the released code: ``changed`` = fraction of ``R ∩ M`` whose argmax
+       differs from the last checked step's (1.0 at the first); ``progress_R = 1 - |R ∩ M| /
+       |R|`` (region ``all`` counts the prompt, so it is inflated, as in the code); patience
+       += 1 when ``progress_R >= min_progress`` and ``changed <= max_change_ratio``, else 0.
+    4. Exit when ``progress_R >= min_progress``, ``ḡ >= τ(u)`` and ``patience > patience_steps``;
+       the sampler then commits every masked fresh position at its argmax (greedy even when
+       sampling). The stop is sticky in memory, so masks that were not fresh at the exit step
+       (cached modes, narrow regions) are filled at their argmax on the next forward.
+
+    Thresholds (``threshold``): ``linear`` τ_high + (τ_low - τ_high)u; ``cosine`` τ_low +
+    (τ_high - τ_low)(1 + cos πu)/2; ``exp`` τ_low + (τ_high - τ_low)e^{-k u} (never reaches
+    τ_low); ``piecewise`` (Prophet) τ_high / τ_mid / τ_low on thirds of the phase clock
+    ``(i + 1) / T`` (T from ``extras["total_steps"]`` or derived from ``progress``; at step 0
+    with T unknown the clock is 0).
+
+    Deviations from the released code (flagged): statistics, gate and exit are per row (the code
+    pools the batch and exits all rows together); explicit regions are offsets into the
+    generation (``region_start``/``region_end``), not canvas indices. An empty region (a window
+    past a truncated row) never decides, as in the code. Models with shifted logits (Dream) are
+    realigned by the model, so the margin at canvas j already comes from raw row j - 1.
+
+    Memory: the gate needs ``SchEDMemory`` (found at ``state.memory.stopper``, see
+    ``Supervised``); a bare ``Policy(selector, SchED(...))`` runs stateless, which is allowed
+    only with the gate off (``max_change_ratio=1``, ``patience_steps=0``) and ``stale="skip"``.
+
+    Caches: ``stale="skip"`` (default) checks, and advances the gate, only on steps whose logits
+    are fresh over every position the statistic reads (every full-canvas forward, i.e. refresh
+    steps under ``dual``; most steps under ``prefix``); other steps return False. Block-causal
+    models never score later blocks, so with region ``all`` SchED only acts in the last block.
+    ``stale="use"`` (approximation) aggregates the newest margin/argmax seen per position.
+
+    Args:
+        tau_mode: ``linear | cosine | exp | piecewise``.
+        tau_high, tau_low: thresholds at u = 0 and u = 1 (logit units; τ_high >= τ_low).
+        tau_k: ``exp`` curvature k. tau_mid: ``piecewise`` middle level (None: midpoint).
+        stat: ``mean | median`` (lower median, as ``torch.median``) ``| quantile`` (linear
+            interpolation at ``q``, as ``torch.quantile``).
+        region: ``all`` (whole canvas) ``| tail`` (the generation) ``| explicit``.
+        region_start, region_end: explicit region ``[start, end)`` as offsets into the
+            generation (``end=None``: to its end); truncated rows (EoTP) are clipped.
+        average_over_masked: the statistic over ``R ∩ M`` (True) or all of R.
+        max_change_ratio, patience_steps, min_progress: the gate (released defaults 0, 0, 0;
+            ``max_change_ratio=1`` disables it).
+        stale: ``skip | use``, see above.
+    """
+
+    tau_mode: str = "cosine"
+    tau_high: float = 7.5
+    tau_low: float = 2.5
+    tau_k: float = 4.0
+    tau_mid: float | None = None
+    stat: str = "mean"
+    q: float = 0.2
+    region: str = "all"
+    region_start: int = 0
+    region_end: int | None = None
+    average_over_masked: bool = True
+    max_change_ratio: float = 0.0
+    patience_steps: int = 0
+    min_progress: float = 0.0
+    stale: str = "skip"
+
+    def __post_init__(self) -> None:
+        for name, value, valid in (("tau_mode", self.tau_mode, _MODES),
+                                   ("stat", self.stat, _STATS),
+                                   ("region", self.region, _REGIONS),
+                                   ("stale", self.stale, _STALE)):
+            if value not in valid:
+                raise ValueError(f"{name} must be one of {valid}, got {value!r}")
+        if not self.tau_high >= self.tau_low:
+            raise ValueError(f"tau_high ({self.tau_high}) must be >= tau_low ({self.tau_low})")
+        if self.tau_mid is not None and not self.tau_high >= self.tau_mid >= self.tau_low:
+            raise ValueError(f"tau_mid ({self.tau_mid}) must lie in [tau_low, tau_high]")
+        if not 0.0 <= self.q <= 1.0:
+            raise ValueError(f"q must be in [0, 1], got {self.q}")
+        if not 0.0 <= self.max_change_ratio <= 1.0:
+            raise ValueError(f"max_change_ratio must be in [0, 1], got {self.max_change_ratio}")
+        if self.patience_steps < 0 or self.region_start < 0:
+            raise ValueError("patience_steps and region_start must be >= 0")
+        if self.region_end is not None and self.region_end <= self.region_start:
+            raise ValueError(f"region_end ({self.region_end}) must be > region_start "
+                             f"({self.region_start})")
+
+    @property
+    def gated(self) -> bool:
+        """True when the stability gate can block an exit (it then needs memory)."""
+        return self.max_change_ratio < 1.0 or self.patience_steps > 0
+
+    def init_memory(self, batch: int, length: int, device: torch.device) -> SchEDMemory:
+        """Fresh ``SchEDMemory`` for a ``[batch, length]`` canvas."""
+        def z(dtype: torch.dtype, *shape: int) -> Tensor:
+            return torch.zeros(shape, dtype=dtype, device=device)
+
+        return SchEDMemory(
+            prev_argmax=z(torch.long, batch, length), has_prev=z(torch.bool, batch),
+            patience=z(torch.long, batch), stopped=z(torch.bool, batch),
+            last_margin=torch.full((batch, length), -torch.inf, device=device),
+            last_argmax=z(torch.long, batch, length))
+
+    # ---- schedule ----------------------------------------------------------------------
+    def threshold(self, u: float) -> float:
+        """τ at clock ``u`` (clipped to [0, 1]); non-increasing in u."""
+        hi, lo = self.tau_high, self.tau_low
+        if hi == lo:
+            return hi
+        u = min(max(u, 0.0), 1.0)
+        if self.tau_mode == "piecewise":
+            mid = (hi + lo) / 2 if self.tau_mid is None else self.tau_mid
+            return hi if u < 1 / 3 else mid if u < 2 / 3 else lo
+        w = {"linear": 1.0 - u, "cosine": 0.5 * (1.0 + math.cos(math.pi * u)),
+             "exp": math.exp(-self.tau_k * u)}[self.tau_mode]
+        if math.isfinite(hi) and math.isfinite(lo):
+            return lo + (hi - lo) * w
+        # an infinite end: drop zero-weight terms instead of forming inf * 0
+        return (w * hi if w > 0 else 0.0) + ((1.0 - w) * lo if w < 1 else 0.0)
+
+    def clock(self, state: StepState) -> float:
+        """Schedule clock: ``i / (T - 1)``; Prophet's phases use ``(i + 1) / T``."""
+        if self.tau_mode != "piecewise":
+            return state.progress
+        total = state.extras.get("total_steps")
+        if total is None and state.step > 0 and state.progress > 0:
+            total = round(state.step / state.progress) + 1
+        return (state.step + 1) / total if total else 0.0
+
+    # ---- statistic ---------------------------------------------------------------------
+    def region_mask(self, state: StepState) -> Tensor:
+        """``[B, L]`` bool: the answer region R of each row (truncated rows clipped)."""
+        masked = state.masked
+        b, length = masked.shape
+        p = state.gen_start
+        lengths = state.extras.get("lengths")
+        if lengths is None:
+            lengths = torch.full((b,), length - p, device=masked.device)
+        end = (p + lengths)[:, None]
+        pos = torch.arange(length, device=masked.device)[None]
+        if self.region == "all":
+            return (pos < end).expand(b, -1)
+        start = p + (self.region_start if self.region == "explicit" else 0)
+        if self.region == "explicit" and self.region_end is not None:
+            end = end.clamp(max=p + self.region_end)
+        return (pos >= start) & (pos < end)
+
+    def aggregate(self, values: Tensor, focus: Tensor) -> Tensor:
+        """``stat`` of ``values [B, L]`` over ``focus [B, L]`` per row -> ``[B]`` (empty: -inf)."""
+        n = focus.sum(1)
+        if self.stat == "mean":
+            total = torch.where(focus, values, torch.zeros_like(values)).sum(1)
+            out = total / n.clamp(min=1)
+        else:
+            key = torch.where(focus, values, torch.full_like(values, torch.inf))
+            ordered = torch.sort(key, dim=1).values
+            top = (n - 1).clamp(min=0)
+            if self.stat == "median":
+                out = ordered.gather(1, (top // 2)[:, None])[:, 0]
+            else:
+                at = self.q * top.to(values.dtype)
+                lo_i = at.floor().long()
+                hi_i = torch.minimum(lo_i + 1, top)
+                v_lo = ordered.gather(1, lo_i[:, None])[:, 0]
+                v_hi = ordered.gather(1, hi_i[:, None])[:, 0]
+                frac = at - lo_i.to(values.dtype)
+                out = torch.where(frac > 0, v_lo + (v_hi - v_lo) * frac, v_lo)
+        return torch.where(n > 0, out, torch.full_like(out, -torch.inf))
+
+    def statistic(self, state: StepState) -> Tensor:
+        """``[B]`` float32 ḡ of this step over the focus set (fresh margins only)."""
+        region, gen = self.region_mask(state), self._gen(state)
+        focus = region & state.masked if self.average_over_masked else region & gen
+        return self.aggregate(state.proposal.logit_margin.float(), focus)
+
+    @staticmethod
+    def _gen(state: StepState) -> Tensor:
+        return (torch.arange(state.masked.shape[1], device=state.masked.device)
+                >= state.gen_start)[None]
+
+    # ---- the stopper -------------------------------------------------------------------
+    def should_stop(self, state: StepState) -> Tensor:
+        """``[B]`` bool: commit every remaining mask at its argmax now. No host sync."""
+        mem = state.memory.stopper if isinstance(state.memory, PairedMemory) else None
+        if mem is None and (self.gated or self.stale == "use"):
+            raise ValueError("SchED with the stability gate or stale='use' needs its memory: "
+                             "use the 'sched'/'prophet' presets or Supervised(selector, "
+                             "stopper); max_change_ratio=1 and patience_steps=0 run stateless")
+        prop, fresh, masked = state.proposal, state.fresh, state.masked
+        margin, greedy = prop.logit_margin.float(), prop.greedy
+        if mem is not None:
+            mem.last_margin.copy_(torch.where(fresh, margin, mem.last_margin))
+            mem.last_argmax.copy_(torch.where(fresh, greedy, mem.last_argmax))
+        region = self.region_mask(state)
+        open_r = region & masked
+        focus = open_r if self.average_over_masked else region & self._gen(state)
+        if self.stale == "use":
+            margin, greedy = mem.last_margin, mem.last_argmax
+            checkable = torch.ones_like(state.masked[:, 0])
+        else:
+            checkable = ~((focus | open_r) & ~fresh).any(1)
+        size = region.sum(1)
+        checkable = checkable & (size > 0)  # an empty region never decides (released code)
+        n_open = open_r.sum(1)
+        progress = 1.0 - n_open / size.clamp(min=1)
+        gbar = self.aggregate(margin, focus)
+        fire = (progress >= self.min_progress) & (gbar >= self.threshold(self.clock(state)))
+        if mem is None:  # stateless: changed = 1 every step, so patience is 1 iff the gate is off
+            return checkable & ((n_open == 0) | fire)
+        changed = ((greedy != mem.prev_argmax) & open_r).sum(1) / n_open.clamp(min=1)
+        changed = torch.where(mem.has_prev, changed, torch.ones_like(changed))
+        steady = (progress >= self.min_progress) & (changed <= self.max_change_ratio)
+        patience = torch.where(steady, mem.patience + 1, torch.zeros_like(mem.patience))
+        stop = checkable & ((n_open == 0) | (fire & (patience > self.patience_steps)))
+        mem.patience.copy_(torch.where(checkable, patience, mem.patience) * (size > 0))
+        mem.prev_argmax.copy_(torch.where(checkable[:, None], greedy, mem.prev_argmax))
+        mem.has_prev |= checkable
+        mem.stopped |= stop
+        return mem.stopped.clone()
+
+
+@dataclass(frozen=True)
+class Supervised:
+    """A selector that also owns its stopper's memory (the sampler initialises only the
+    selector's). ``select`` runs the base selector with its own memory; the stopper finds its
+    memory at ``state.memory.stopper``. Any other attribute is the base selector's.
+    The base sees per-row budgets (``row_budget``): stops are per row, so rows diverge.
+    """
+
+    selector: Any
+    stopper: Any
+
+    def __getattr__(self, name: str) -> Any:
+        # every other selector attribute the sampler reads (budgeted, full_span, lookahead,
+        # needs_logits, may_commit_nothing, preferred_cache, ...) is the base selector's
+        if name.startswith("__") or name in ("selector", "stopper"):
+            raise AttributeError(name)
+        return getattr(self.selector, name)
+
+    def init_memory(self, batch: int, length: int, device: torch.device) -> PairedMemory:
+        init = getattr(self.stopper, "init_memory", None)
+        return PairedMemory(selector=init_memory_of(self.selector, batch, length, device),
+                            stopper=init(batch, length, device) if init else None)
+
+    def select(self, state: StepState) -> Tensor:
+        """The base selector's result (a commit mask ``[B, L]`` or a ``Selection``)."""
+        mem = state.memory
+        own = mem.selector if isinstance(mem, PairedMemory) else mem
+        return self.selector.select(replace(state, memory=own, budget=row_budget(state)))
+
+
+_SCHED_FIELDS = frozenset(f.name for f in fields(SchED))
+
+
+def supervise(base: str | Any, stopper: Any, base_params: dict[str, Any], name: str) -> Policy:
+    """Compose a base preset (or selector object) with ``stopper`` into a ``Policy``."""
+    if not isinstance(base, str) and base_params:
+        raise ValueError(f"parameters {sorted(base_params)} given for a base selector object")
+    built = make_policy(base, **base_params)
+    if built.stopper is not None:
+        raise ValueError(f"base policy {built.name!r} already has a stopper")
+    return Policy(selector=Supervised(built.selector, stopper), stopper=stopper,
+                  truncator=built.truncator, name=name)
+
+
+def sched_policy(base: str | Any = "entropy", **params: Any) -> Policy:
+    """The ``sched`` preset: ``SchED`` (released defaults: cosine 7.5 -> 2.5, mean over the
+    masked canvas, gate on) over ``base`` (Dream ``entropy`` in the released code). Parameters
+    that are ``SchED`` fields go to the stopper, the rest to the base preset."""
+    stopper = SchED(**{k: v for k, v in params.items() if k in _SCHED_FIELDS})
+    rest = {k: v for k, v in params.items() if k not in _SCHED_FIELDS}
+    return supervise(base, stopper, rest, "sched")
+
+
+def prophet_policy(base: str | Any = "low_confidence", answer_offset: int = 0,
+                   answer_length: int = 5, tau_high: float = 7.5, tau_mid: float = 5.0,
+                   tau_low: float = 2.5, max_change_ratio: float = 1.0,
+                   **params: Any) -> Policy:
+    """The ``prophet`` preset (Prophet, arXiv 2508.19982) as a SchED special case.
+
+    Mean logit margin over the masked positions of an answer window of ``answer_length``
+    positions starting ``answer_offset`` into the generation (Prophet puts it right after
+    forced anchor tokens such as "The answer is"; injecting anchors is task-specific and not
+    done here), against 7.5 / 5.0 / 2.5 on thirds of the phase clock. Prophet has no stability
+    gate (``max_change_ratio=1``); SchED's re-implementation keeps the 0.0 gate, pass
+    ``max_change_ratio=0.0`` to match it (it also runs Dream ``entropy`` as the base; LLaDA's
+    ``low_confidence``, the default here, is Dream's ``maskgit_plus``). Other ``SchED`` fields
+    and base parameters pass on.
+    """
+    if answer_length < 1:
+        raise ValueError(f"answer_length must be >= 1, got {answer_length}")
+    stopper = SchED(tau_mode="piecewise", tau_high=tau_high, tau_mid=tau_mid, tau_low=tau_low,
+                    region="explicit", region_start=answer_offset,
+                    region_end=answer_offset + answer_length, max_change_ratio=max_change_ratio,
+                    **{k: v for k, v in params.items() if k in _SCHED_FIELDS})
+    rest = {k: v for k, v in params.items() if k not in _SCHED_FIELDS}
+    return supervise(base, stopper, rest, "prophet")
+
+
+register("sched", sched_policy)
+register("prophet", prophet_policy)
