@@ -103,7 +103,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = tok.decode(answer[:useful]) if hasattr(tok, "decode") else str(answer[:useful])
     print(text)
     nfe = int(out.nfe[0])
-    print(f"[{desc} | policy={args.policy} cache={args.cache}] NFE={nfe} "
+    print(f"[{desc} | policy={args.policy} cache={sampler.config.cache.value}] NFE={nfe} "
           f"tokens/forward={len(answer) / max(nfe, 1):.2f} (useful {useful / max(nfe, 1):.2f}) "
           f"time={elapsed:.2f}s tokens/s={useful / max(elapsed, 1e-9):.1f}", file=sys.stderr)
     return 0
@@ -127,8 +127,9 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--model", default=None,
                      help=f"checkpoint directory or bundled name (default: {DEFAULT_MODEL})")
     gen.add_argument("--policy", default="low_confidence", choices=sorted(PRESETS))
-    gen.add_argument("--cache", default="none",
-                     choices=["none", "prefix", "dual", "block_causal"])
+    gen.add_argument("--cache", default=None,
+                     choices=["none", "prefix", "dual", "block_causal", "window"],
+                     help="default: the policy's preferred cache, else none")
     gen.add_argument("--gen-length", type=int, default=64)
     gen.add_argument("--block-length", type=int, default=None)
     gen.add_argument("--steps", type=int, default=None)

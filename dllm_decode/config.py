@@ -23,9 +23,22 @@ class SamplerConfig:
             token per step, i.e. G). Adaptive policies ignore it.
         temperature: 0 -> argmax proposals; > 0 -> sampling (float64 Gumbel-max for LLaDA).
         cache: which positions each forward recomputes (``none``/``prefix``/``dual``/
-            ``block_causal``).
+            ``block_causal``/``window``).
         refresh_every: with ``prefix``/``dual``, also refresh the cache every R steps inside
-            a block (``None``: only at block start, as Fast-dLLM does).
+            a block (``None``: only at block start, as Fast-dLLM does); with ``window``, the
+            phase length (Window-Diffusion ``refresh_cycle``; ``None``: 32).
+        causal_prefix: block-diffusion models: committed blocks (and the prompt's full blocks)
+            attend causally, token by token, when their K/V are computed (S2D2's "AR-like
+            caching", ``cache_ver``); the block being denoised still attends block-causally.
+            ``None``: the policy's preference (``causal_prefix`` attribute), else off.
+        window_tokens: ``cache="window"``: external window, the first W masked positions kept
+            (stale) in attention besides decoded ones (``None``: 128 for Dream-family models,
+            else 64).
+        active_tokens: ``cache="window"``: internal window, the first A masked positions
+            recomputed and eligible on pruned steps (``None``: 16).
+        window_truncate: ``cache="window"``: full steps also drop the far field (Dream's canvas
+            truncation); ``None``: on for Dream-family models, off otherwise (LLaDA refreshes
+            the whole canvas).
         cfg_scale: unsupervised classifier-free guidance ``un + (s + 1)(cond - un)`` (LLaDA).
         sampling: ``gumbel`` (LLaDA / Fast-dLLM) or ``categorical`` with top-p/top-k (Dream);
             ``None`` picks the model family's reference sampler.
@@ -57,6 +70,10 @@ class SamplerConfig:
     temperature: float = 0.0
     cache: CacheMode = CacheMode.NONE
     refresh_every: int | None = None
+    causal_prefix: bool | None = None
+    window_tokens: int | None = None
+    active_tokens: int | None = None
+    window_truncate: bool | None = None
     cfg_scale: float = 0.0
     sampling: str | None = None
     top_p: float | None = None
@@ -95,6 +112,14 @@ class SamplerConfig:
         check(self.cfg_scale >= 0, f"cfg_scale must be >= 0, got {self.cfg_scale}")
         check(self.refresh_every is None or self.refresh_every >= 1,
               f"refresh_every must be >= 1 or None, got {self.refresh_every!r}")
+        for name in ("window_tokens", "active_tokens"):
+            value = getattr(self, name)
+            check(value is None or (isinstance(value, int) and value >= 1),
+                  f"{name} must be an int >= 1 or None, got {value!r}")
+        if self.window_tokens is not None and self.active_tokens is not None:
+            check(self.active_tokens <= self.window_tokens,
+                  f"active_tokens ({self.active_tokens}) must be <= window_tokens "
+                  f"({self.window_tokens}): active positions live inside the window")
         check(self.sampling is None or self.sampling in _SAMPLING,
               f"sampling must be one of {_SAMPLING} or None, got {self.sampling!r}")
         check(self.schedule is None or self.schedule in _SCHEDULES,

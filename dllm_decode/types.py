@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -78,6 +78,46 @@ class Proposal:
         }[ScoreKind(kind)]
 
 
+class Selection(NamedTuple):
+    """What a selector may return instead of a bare commit mask ``[B, L]`` bool.
+
+    ``tokens`` (``[B, L]`` int64, read at committed positions only) replaces the proposal's
+    tokens there, e.g. S2D2's residual resample; ``prob`` (``[B, L]`` float) is the probability
+    of those tokens, used for ``Generation.bits`` (``None``: the proposal's probability).
+    """
+
+    commit: Tensor
+    tokens: Tensor | None = None
+    prob: Tensor | None = None
+
+
+class StepModel(Protocol):
+    """The model as a policy may use it during one step (``StepState.model``).
+
+    ``forward(tokens [B, N], positions [B, N], mask [B, N, L + N], active=None)`` runs one
+    extra forward against this step's keys and stores nothing: mask columns ``[0, L)`` are the
+    canvas positions as held in the cache plan's K/V after this step's forward (recomputed from
+    the current canvas when the cache mode is ``none``), columns ``[L, L + N)`` the fed tokens
+    themselves. It returns logits ``[B, N, V]`` and counts one model forward (``Generation.
+    forwards``) plus one NFE for every row in ``active`` (``[B]`` bool; default: rows that still
+    have an eligible position). ``probs(logits [..., V])`` is the distribution proposals are
+    sampled from (mask token removed, temperature / top-p / top-k applied). ``positions`` and
+    ``valid`` are the canvas RoPE positions ``[B, L]`` and key validity ``[B, L]`` (False: left
+    padding or a truncated tail).
+    """
+
+    mask_token_id: int
+    eos_token_ids: tuple[int, ...]
+    block_size: int | None
+    positions: Tensor
+    valid: Tensor
+
+    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor,
+                active: Tensor | None = None) -> Tensor: ...
+
+    def probs(self, logits: Tensor) -> Tensor: ...
+
+
 @dataclass
 class StepState:
     """Read-only view of one decoding step handed to policies.
@@ -89,7 +129,11 @@ class StepState:
     span the reference decoder's forward covered (random draws use that shape); ``times`` is
     ``(t, s)`` on Dream's time grid (float32 scalars) or ``None``. ``memory`` is the
     per-generation state object a history policy created with ``init_memory``; it is the only
-    mutable thing a policy sees.
+    mutable thing a policy sees. ``logits`` (only for selectors with ``needs_logits``) are
+    ``[B, R, V]`` for the canvas positions ``rows`` (``[R]`` shared by the batch, or ``[B, R]``
+    per row for pruned forwards). ``refreshed`` ``[B]`` bool marks rows whose forward this step
+    was a full refresh of their cached K/V. ``model`` gives extra forwards and the sampling
+    distribution (see ``StepModel``).
     """
 
     proposal: Proposal
@@ -112,6 +156,9 @@ class StepState:
     memory: Any = None
     logits: Tensor | None = None
     extras: dict[str, Any] = field(default_factory=dict)
+    rows: Tensor | None = None
+    refreshed: Tensor | None = None
+    model: StepModel | None = None
 
 
 @dataclass

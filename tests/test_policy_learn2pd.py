@@ -132,7 +132,7 @@ def test_mismatch_errors(tmp_path) -> None:
     with pytest.raises(FilterMismatchError, match="block_length"):
         Learn2PD(L2PFilter(8), block_length=16)
     sel = Learn2PD.from_pretrained(tmp_path, model=LLADA)
-    with pytest.raises(FilterMismatchError, match="block length 16"):
+    with pytest.raises(FilterMismatchError, match="block[ _]length 16"):
         DiffusionSampler(LLADA, sel, gen_length=32, block_length=16).generate(_prompt(1, 3))
     cfg = DiffusionSampler(LLADA, "low_confidence", gen_length=32, block_length=16).config
     with pytest.raises(FilterMismatchError, match="block_length 16"):

@@ -10,14 +10,24 @@
   once and are exact. A block's first forward also feeds the previous (now clean) block, which
   stores its final K/V in the same forward instead of a separate one.
 
+* ``window`` (Window-Diffusion): phases of full and pruned steps over per-row position sets;
+  see ``dllm_decode.cache.window`` (built by ``make_plan``).
+
 Every fed span writes its fresh K/V in place (positions are distinct), then attends over the
 cache. Models with shifted logits (Dream) get one extra row on the left so the first position of
 a span has its prediction. Right after a refresh a cached forward equals full recomputation.
+With ``causal_prefix`` (block-diffusion models) queries left of the current block attend causally
+(S2D2's AR-like caching), in every mode, so cached and uncached decoding stay identical.
+
+A plan may need a few integers on the host to shape its next forward (the window plan's fed
+width); ``prepare`` returns them as a tensor that the sampler folds into its one host sync per
+step and hands back to ``forward`` as ``host``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -31,10 +41,14 @@ from dllm_decode.types import CacheMode
 class Fed:
     """What one forward computed.
 
-    logits: ``[B', R, V]`` for canvas rows ``rows`` (``[R]`` long, shared by the batch).
-    fed_start / fed_width: the canvas span the *reference* decoder's forward covers (random
-    draws in ``rng="reference"`` mode use this shape). ``refresh``: a full-canvas forward.
-    ``double_draw``: Fast-dLLM's prefix loop draws (and discards) one extra Gumbel tensor.
+    logits: ``[B', R, V]`` for canvas positions ``rows``: ``[R]`` long shared by the batch (the
+    contiguous fast path), or ``[B', R]`` per row (pruned forwards; a row's list may repeat an
+    entry as padding). ``live`` (``[B', R]`` bool, ``None``: all) marks the entries whose logits
+    are meaningful for that row. fed_start / fed_width: the canvas span the *reference*
+    decoder's forward covers (random draws in ``rng="reference"`` mode use this shape).
+    ``refresh``: every row had a full refresh; ``refreshed`` (``[B']`` bool, ``None``: all rows
+    equal ``refresh``) says it per row. ``double_draw``: Fast-dLLM's prefix loop draws (and
+    discards) one extra Gumbel tensor.
     """
 
     logits: Tensor
@@ -43,6 +57,28 @@ class Fed:
     fed_width: int
     refresh: bool
     double_draw: bool = False
+    live: Tensor | None = None
+    refreshed: Tensor | None = None
+
+    def fresh_mask(self, batch: int, length: int) -> Tensor:
+        """``[batch, length]`` bool: canvas positions with fresh logits in each row (the first
+        ``batch`` rows of the fed batch, i.e. the conditional half under CFG)."""
+        device = self.logits.device
+        if self.rows.dim() == 1 and self.live is None:
+            fresh = torch.zeros(length, dtype=torch.bool, device=device)
+            fresh[self.rows] = True
+            return fresh[None].expand(batch, -1)
+        rows = self.rows[:batch] if self.rows.dim() == 2 else self.rows.expand(batch, -1)
+        live = torch.ones_like(rows, dtype=torch.bool) if self.live is None else self.live[:batch]
+        hits = torch.zeros(batch, length, dtype=torch.long, device=device)
+        hits.scatter_add_(1, rows, live.long())  # padding repeats an entry: add, never race
+        return hits > 0
+
+    def refreshed_rows(self, batch: int) -> Tensor:
+        """``[batch]`` bool: rows whose forward was a full refresh."""
+        if self.refreshed is not None:
+            return self.refreshed[:batch]
+        return torch.full((batch,), self.refresh, dtype=torch.bool, device=self.logits.device)
 
 
 def _rows(lo: int, hi: int, canvas: Tensor) -> Tensor:
@@ -50,35 +86,57 @@ def _rows(lo: int, hi: int, canvas: Tensor) -> Tensor:
 
 
 class ForwardPlan:
-    """Runs the model for one step according to the cache mode (one plan per generation)."""
+    """Runs the model for one step according to the cache mode (one plan per generation).
+
+    Args:
+        model: the ``DiffusionLM``.
+        mode: the cache mode (``window`` is ``cache.window.WindowPlan``; use ``make_plan``).
+        valid: ``[B', L]`` key validity (False: left padding; the sampler clears truncated
+            tails in place).
+        positions: ``[B', L]`` RoPE positions.
+        refresh_every: ``prefix``/``dual``: also refresh every R steps inside a block.
+        causal_prefix: block-diffusion models: queries left of the current block attend
+            causally (see the module docstring).
+    """
 
     def __init__(self, model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
-                 refresh_every: int | None = None) -> None:
+                 refresh_every: int | None = None, *, causal_prefix: bool = False) -> None:
         if mode is CacheMode.BLOCK_CAUSAL and model.attention != "block_causal":
             raise ValueError("cache='block_causal' needs a block-diffusion model; this model's "
                              f"attention is {model.attention!r} (use none, prefix or dual)")
         if model.attention == "block_causal" and mode in (CacheMode.PREFIX, CacheMode.DUAL):
             raise ValueError(f"cache={mode.value!r} is for bidirectional models; block-diffusion "
                              "models use cache='block_causal' (exact) or 'none'")
-        if mode is CacheMode.WINDOW:
-            raise ValueError("cache='window' is provided by the Window-Diffusion policy")
+        if causal_prefix and model.attention != "block_causal":
+            raise ValueError("causal_prefix needs a block-diffusion model (attention="
+                             f"'block_causal'); this model's attention is {model.attention!r}")
         self.model, self.mode = model, mode
         self.valid, self.positions = valid, positions  # [B', L]
         self.refresh_every = refresh_every
+        self.causal_prefix = causal_prefix
         self.shift = int(model.logit_shift)
         self.length = valid.shape[1]
         self.cache: BlockKVCache | None = None
         if mode is not CacheMode.NONE:
             self.cache = model.new_cache(valid.shape[0], self.length)
         self.clean_upto = 0  # block_causal: K/V of [0, clean_upto) are final
+        self.boundary = 0  # causal_prefix: queries left of this position attend causally
+
+    def _structure(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
+        """``[N, Lk]`` keys each query may see by position alone (``None``: all of them)."""
+        if self.model.attention != "block_causal":
+            return None
+        allowed = block_causal_mask(q_pos[None], k_pos[None], self.model.block_size)[0]
+        if self.causal_prefix:
+            causal = k_pos[None, :] <= q_pos[:, None]
+            allowed = torch.where((q_pos < self.boundary)[:, None], causal, allowed)
+        return allowed
 
     def _keys_mask(self, q_pos: Tensor) -> Tensor:
         """``[B', N, L]`` visible keys for queries at canvas positions ``q_pos [N]``."""
         mask = self.valid[:, None, :].expand(-1, q_pos.numel(), -1)
-        if self.model.attention == "block_causal":
-            k_pos = torch.arange(self.length, device=self.valid.device)
-            mask = mask & block_causal_mask(q_pos[None], k_pos[None], self.model.block_size)
-        return mask
+        allowed = self._structure(q_pos, torch.arange(self.length, device=self.valid.device))
+        return mask if allowed is None else mask & allowed
 
     def _run(self, canvas: Tensor, start: int, end: int, lo: int, hi: int,
              use_cache: bool) -> Tensor:
@@ -91,12 +149,23 @@ class ForwardPlan:
                               mask=mask, store=True, hidden_rows=rows)
         valid = self.valid[:, start:end]
         mask = valid[:, None, :].expand(-1, end - start, -1)
-        if self.model.attention == "block_causal":
-            mask = mask & block_causal_mask(span[None], span[None], self.model.block_size)
+        allowed = self._structure(span, span)
+        if allowed is not None:
+            mask = mask & allowed
         return self.model(tokens, pos, mask=mask, hidden_rows=rows)
 
+    def prepare(self, canvas: Tensor, step_in_block: int, lo: int, *,
+                final: bool = False) -> Tensor:
+        """Integers the next ``forward`` needs on the host (``[k]`` int64; none here).
+
+        ``final``: the block's last scheduled step. May be called for a step that is then
+        skipped (the block turned out to be complete).
+        """
+        return torch.zeros(0, dtype=torch.long, device=canvas.device)
+
     def forward(self, canvas: Tensor, block: tuple[int, int], aligned_start: int,
-                step_in_block: int, lo: int, full_span: bool) -> Fed:
+                step_in_block: int, lo: int, full_span: bool,
+                host: list[int] | None = None) -> Fed:
         """One forward for a step.
 
         Args:
@@ -106,11 +175,13 @@ class ForwardPlan:
             step_in_block: 0 at block entry.
             lo: first canvas row whose logits are wanted (earliest eligible position).
             full_span: logits wanted up to the end of the canvas (stoppers), not the block.
+            host: the values of ``prepare``'s tensor, read on the host (unused here).
         """
         bs, be = block
         length = self.length
         hi = length if full_span else be
         mode = self.mode
+        self.boundary = aligned_start
         refresh = step_in_block == 0 or (
             self.refresh_every is not None and step_in_block % self.refresh_every == 0)
         if mode is CacheMode.NONE:
@@ -137,3 +208,51 @@ class ForwardPlan:
         self.clean_upto = aligned_start
         return Fed(logits, _rows(lo, hi, canvas), aligned_start, be - aligned_start,
                    refresh=step_in_block == 0)
+
+    def extra_forward(self, canvas: Tensor, tokens: Tensor, positions: Tensor,
+                      mask: Tensor) -> Tensor:
+        """A forward that stores nothing (``StepModel.forward``; the caller counts it).
+
+        Args:
+            canvas: ``[B', L]`` the step's canvas (recomputed when there is no cache).
+            tokens, positions: ``[B', N]`` the fed tokens and their RoPE positions.
+            mask: ``[B', N, L + N]`` bool: columns ``[0, L)`` canvas keys, ``[L, L + N)`` the
+                fed tokens.
+
+        Returns: logits ``[B', N, V]``.
+        """
+        if self.cache is not None:
+            return self.model(tokens, positions, cache=self.cache, mask=mask, store=False)
+        # no cache: one forward over [canvas | tokens]; the canvas attends as it does in the
+        # plan's own forwards (and never to the fed tokens), the fed tokens as ``mask`` says
+        b, n = tokens.shape
+        length = self.length
+        span = torch.arange(length, device=canvas.device)
+        self_mask = self.valid[:, None, :].expand(-1, length, -1)
+        allowed = self._structure(span, span)
+        if allowed is not None:
+            self_mask = self_mask & allowed
+        top = torch.cat([self_mask, self_mask.new_zeros(b, length, n)], dim=2)
+        full = torch.cat([top, mask], dim=1)  # [B', L + N, L + N]
+        rows = torch.arange(length, length + n, device=canvas.device)
+        return self.model(torch.cat([canvas, tokens], 1), torch.cat([self.positions, positions],
+                          1), mask=full, hidden_rows=rows)
+
+
+def make_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
+              cfg: Any, family: str = "") -> ForwardPlan:
+    """The plan for ``mode`` built from a ``SamplerConfig`` (window sizes, refresh, prefix)."""
+    causal = bool(cfg.causal_prefix)
+    if mode is CacheMode.WINDOW:
+        from dllm_decode.cache.window import WindowPlan
+
+        dream = family == "dream"
+        return WindowPlan(
+            model, valid, positions,
+            window=cfg.window_tokens or (128 if dream else 64),
+            active=cfg.active_tokens or 16,
+            refresh=cfg.refresh_every or 32,
+            truncate=dream if cfg.window_truncate is None else cfg.window_truncate,
+            mirror=cfg.cfg_scale > 0,
+        )
+    return ForwardPlan(model, mode, valid, positions, cfg.refresh_every, causal_prefix=causal)

@@ -59,10 +59,32 @@ class ProposalMaker:
             prop = self._demote_eos(logits, prop)
         return prop
 
+    def distribution(self, logits: Tensor) -> Tensor:
+        """``[..., V]`` logits -> the float32 distribution proposals are sampled from.
+
+        The same edits as ``propose`` (mask token and, if asked, EOS removed) on a copy, then
+        ``softmax(logits / T)`` (``T = 0``: plain softmax) for Gumbel sampling, or Dream's
+        tempered, top-p / top-k filtered distribution for categorical sampling.
+        """
+        cfg = self.cfg
+        z = logits.float().clone()
+        z[..., self.mask_id] = -torch.inf
+        if cfg.logits_eos_inf:
+            z[..., self.eos] = -torch.inf
+        if self.sampling == "categorical":
+            z = filter_logits(z, cfg.temperature, cfg.top_p, cfg.top_k)
+        elif cfg.temperature > 0:
+            z = z / cfg.temperature
+        return torch.softmax(z, dim=-1)
+
     def _reference_noise(self, logits: Tensor, fed: Fed, rows: Tensor, masked: Tensor,
                          n_masked: int) -> Tensor | None:
         b, _, v = logits.shape
         gen = self.generator
+        if rows.dim() != 1:
+            raise ValueError("rng='reference' reproduces the reference decoders' draws over "
+                             "contiguous spans; pruned per-row forwards (cache='window') need "
+                             "rng='compact'")
         if self.sampling == "gumbel":
             shape = (b, fed.fed_width, v)
             if fed.double_draw:  # Fast-dLLM's prefix loop: a Gumbel tensor drawn and discarded
@@ -104,7 +126,7 @@ class ProposalMaker:
         cfg = self.cfg
         if cfg.temperature == 0 or cfg.rng != "reference":
             return tokens
-        at = commit[:, rows]
+        at = take(commit, rows)
         # sync (reference RNG mode only): the draw's shape is the number revealed
         n = int(at.sum())
         if n == 0:
@@ -113,22 +135,46 @@ class ProposalMaker:
         probs = F.softmax(z, dim=-1)
         e = torch.empty_like(probs).exponential_(1, generator=self.generator)
         drawn = torch.argmax((probs / probs.sum(-1, keepdim=True)) / e, dim=-1)
-        sub = tokens[:, rows].clone()
+        sub = take(tokens, rows).clone()
         sub[at] = drawn
-        out = tokens.clone()
-        out[:, rows] = sub
-        return out
+        return put(tokens, rows, sub, live=at)
 
 
-def widen(prop: Proposal, canvas: Tensor, rows: Tensor) -> Proposal:
-    """Scatter a ``[B, R]`` proposal into ``[B, L]`` (unscored positions: current token, 0)."""
-    def put(x: Tensor, base: Tensor) -> Tensor:
+def take(x: Tensor, rows: Tensor) -> Tensor:
+    """``x [B, L]`` at canvas positions ``rows`` (``[R]`` shared or ``[B, R]`` per row)."""
+    return x[:, rows] if rows.dim() == 1 else x.gather(1, rows)
+
+
+def put(base: Tensor, rows: Tensor, x: Tensor, live: Tensor | None = None) -> Tensor:
+    """A copy of ``base [B, L]`` with ``x [B, R]`` written at ``rows`` (see ``take``).
+
+    With ``live [B, R]`` only live entries are written (the others, e.g. padding that repeats
+    an entry, go to a scratch column that is dropped), so writes never race.
+    """
+    if rows.dim() == 1 and live is None:
         out = base.clone()
         out[:, rows] = x.to(out.dtype)
         return out
+    b, length = base.shape
+    rows = rows.expand(b, -1)
+    if live is not None:
+        rows = torch.where(live, rows, length)
+    out = torch.cat([base, base[:, :1]], dim=1)
+    out.scatter_(1, rows, x.to(out.dtype))
+    return out[:, :length]
+
+
+def widen(prop: Proposal, canvas: Tensor, rows: Tensor, live: Tensor | None = None) -> Proposal:
+    """Scatter a ``[B, R]`` proposal into ``[B, L]`` (unscored positions: current token, 0).
+
+    ``rows`` is ``[R]`` (shared) or ``[B, R]`` (per row, see ``take``); ``live [B, R]``
+    selects the entries written (``None``: all).
+    """
+    def put_(x: Tensor, base: Tensor) -> Tensor:
+        return put(base, rows, x, live)
 
     zeros = torch.zeros(canvas.shape, dtype=prop.prob.dtype, device=canvas.device)
-    return Proposal(tokens=put(prop.tokens, canvas), prob=put(prop.prob, zeros),
-                    margin=put(prop.margin, zeros), logit_margin=put(prop.logit_margin, zeros),
-                    neg_entropy=put(prop.neg_entropy, zeros),
-                    argmax=None if prop.argmax is None else put(prop.argmax, canvas))
+    return Proposal(tokens=put_(prop.tokens, canvas), prob=put_(prop.prob, zeros),
+                    margin=put_(prop.margin, zeros), logit_margin=put_(prop.logit_margin, zeros),
+                    neg_entropy=put_(prop.neg_entropy, zeros),
+                    argmax=None if prop.argmax is None else put_(prop.argmax, canvas))

@@ -9,14 +9,14 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import ForwardPlan
+from dllm_decode.cache.plans import ForwardPlan, make_plan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.base import check_commit, init_memory_of
 from dllm_decode.policies.registry import Policy, make_policy
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.proposals import ProposalMaker, widen
-from dllm_decode.types import Generation, StepState
+from dllm_decode.types import Generation, Selection, StepState
 
 OnStep = Callable[[StepState, Tensor], None]
 
@@ -27,9 +27,12 @@ class DiffusionSampler:
     The loop, per block (left to right) and per step:
 
     1. **block start**: compute the block's budget base (LLaDA) or time grid (Dream);
-    2. **sync**: the one host check per step, "is anything still masked in this block?";
+    2. **sync**: the one host check per step, "is anything still masked in this block?",
+       which also reads the few integers the cache plan asked for (``plan.prepare``: the
+       window plan's fed width);
     3. **forward**: the cache plan feeds the positions this mode recomputes (full canvas,
-       block + suffix, block only, or block-causal span); CFG doubles the batch;
+       block + suffix, block only, block-causal span, or per-row window sets); CFG doubles
+       the batch;
     4. **propose**: one fused pass over V gives per-position token, probability, margins and
        entropy (``kernels.propose``); logits are dropped after this unless a policy asks;
     5. **select**: the policy turns the ``StepState`` into a commit mask (subset of eligible);
@@ -37,22 +40,48 @@ class DiffusionSampler:
        (EoTP: shorten the row, crop visible keys);
     7. **commit**: write tokens, record the commit step and the information committed.
 
+    Hooks for policies (all optional, read off the selector or the ``StepState``):
+
+    * ``state.model`` (``types.StepModel``): ``forward(tokens, positions, mask, active)`` runs
+      an extra forward against the step's keys (the plan's K/V, or the recomputed canvas
+      without a cache), stores nothing, and counts in ``Generation.forwards`` and in the
+      per-row NFE of ``active`` rows (S2D2's verifier); ``probs(logits)`` is the sampling
+      distribution. Unavailable under CFG.
+    * ``select`` may return a ``types.Selection(commit, tokens, prob)`` instead of a bare
+      mask: ``tokens`` replace the proposal at committed positions (a resampled token).
+    * selector attributes: ``preferred_cache`` (the cache mode used when ``cache`` is not
+      given), ``preferred_schedule`` (the budget rule when ``schedule`` is not given),
+      ``causal_prefix`` (AR-like caching for block-diffusion models, unless the config
+      says otherwise), ``requires_attention`` (the model attention the policy needs; checked
+      here), ``needs_logits``, ``full_span``, ``lookahead``, ``budgeted``. Declarative only:
+      ``extra_forwards`` (NFE may exceed the generation length), ``stochastic`` (random even
+      at temperature 0).
+
     Args:
         model: any ``DiffusionLM``.
         policy: a preset name (``make_policy``), a ``Policy`` or a selector object.
-        cache: ``"none" | "prefix" | "dual" | "block_causal"``.
+        cache: ``"none" | "prefix" | "dual" | "block_causal" | "window"`` (``None``: the
+            policy's ``preferred_cache``, else ``"none"``).
         debug: check the commit contract every step (``check_commit``).
         **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``).
     """
 
     def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
-                 cache: str = "none", *, debug: bool = False, **params: Any) -> None:
+                 cache: str | None = None, *, debug: bool = False, **params: Any) -> None:
         names = set(SamplerConfig.field_names())
         cfg_params = {k: v for k, v in params.items() if k in names}
         policy_params = {k: v for k, v in params.items() if k not in names}
         self.model = model
-        self.config = SamplerConfig(cache=cache, **cfg_params)
         self.policy = make_policy(policy, **policy_params)
+        need = getattr(self.policy.selector, "requires_attention", None)
+        if need is not None and getattr(model, "attention", None) != need:
+            raise ValueError(f"policy {self.policy.name!r} needs a model with attention={need!r} "
+                             "('block_causal': block-diffusion models such as SDAR; "
+                             "'bidirectional': LLaDA, Dream); this model's attention is "
+                             f"{getattr(model, 'attention', None)!r}")
+        if cache is None:
+            cache = getattr(self.policy.selector, "preferred_cache", None) or "none"
+        self.config = SamplerConfig(cache=cache, **cfg_params)
         self.debug = debug
 
     def __repr__(self) -> str:
@@ -73,7 +102,10 @@ class DiffusionSampler:
         """
         cfg = replace(self.config, **overrides) if overrides else self.config
         model, policy = self.model, self.policy
-        selector, stopper, truncator = policy.selector, policy.stopper, policy.truncator
+        # components may check themselves against the model/config (``bind(model, cfg)``:
+        # Learn2PD's filter fingerprint and block length, EoTP's EOS ids)
+        selector, stopper, truncator = (_bind(c, model, cfg) for c in
+                                        (policy.selector, policy.stopper, policy.truncator))
         prompt, valid_prompt = check_inputs(model, prompt_ids, attention_mask, cfg)
         b, p = prompt.shape
         g = cfg.gen_length
@@ -87,7 +119,8 @@ class DiffusionSampler:
         positions = model.rope_positions(valid)
         gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)
         family = getattr(model, "family", "")
-        schedule = cfg.schedule or ("dream" if family == "dream" else "llada")
+        schedule = cfg.schedule or getattr(selector, "preferred_schedule", None) or (
+            "dream" if family == "dream" else "llada")
         layout = self._layout(cfg, p, length, selector)
         block_steps = self._block_steps(cfg, layout, selector)
 
@@ -95,14 +128,20 @@ class DiffusionSampler:
         prompt_index = (canvas != mask_id) & (torch.arange(length, device=device) < p)
         model_valid = torch.cat([valid, valid]) if cfg_on else valid
         model_pos = torch.cat([positions, positions]) if cfg_on else positions
-        plan = ForwardPlan(model, cfg.cache, model_valid, model_pos, cfg.refresh_every)
+        causal = cfg.causal_prefix
+        if causal is None:  # the policy's preference, where it applies
+            causal = bool(getattr(selector, "causal_prefix", False)) and (
+                model.attention == "block_causal")
+        plan = make_plan(model, cfg.cache, model_valid, model_pos,
+                         replace(cfg, causal_prefix=causal), family)
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = bool(getattr(selector, "proposes_after_select", False))
 
         memory = init_memory_of(selector, b, length, device)
         pos_idx = torch.arange(length, device=device)
         lo = 0 if cfg.allow_prompt_masks else p
-        full_span = stopper is not None or bool(getattr(selector, "full_span", False))
+        full_span = stopper is not None or any(
+            bool(getattr(c, "full_span", False)) for c in (selector, truncator))
         # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block
         lookahead = int(getattr(selector, "lookahead", 0))
         nfe = torch.zeros(b, dtype=torch.long, device=device)
@@ -120,33 +159,41 @@ class DiffusionSampler:
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
             for i in range(n_iter):
                 masked = canvas == mask_id
-                # the one host sync per step: is anything still masked in this block?
-                n_left, n_masked = torch.stack([masked[:, bs:be].sum(), masked.sum()]).tolist()
-                if n_left == 0 and not (cfg.exact_steps and steps_per_block):
-                    break
                 model_canvas = canvas
                 if cfg_on:
                     model_canvas = torch.cat([canvas, canvas.masked_fill(prompt_index, mask_id)])
+                need = plan.prepare(model_canvas, i, lo,
+                                    final=bool(steps_per_block) and i == n_iter - 1)
+                # the one host sync per step: is anything still masked in this block? (plus
+                # the integers the plan needs to shape its forward)
+                n_left, n_masked, *host = torch.cat(
+                    [torch.stack([masked[:, bs:be].sum(), masked.sum()]), need]).tolist()
+                if n_left == 0 and not (cfg.exact_steps and steps_per_block):
+                    break
                 reach = min(be + lookahead, length)
-                fed = plan.forward(model_canvas, (bs, reach), aligned, i, lo, full_span)
+                fed = plan.forward(model_canvas, (bs, reach), aligned, i, lo, full_span,
+                                   host=host)
                 forwards += 1
                 logits = fed.logits
                 if cfg_on:
                     cond, uncond = logits.chunk(2)
                     logits = uncond + (cfg.cfg_scale + 1) * (cond - uncond)
                 rows = fed.rows.to(device)
-                fresh = torch.zeros(length, dtype=torch.bool, device=device)
-                fresh[rows] = True
-                eligible = masked & fresh[None] & (pos_idx < reach)[None]
+                rows = rows[:b] if rows.dim() == 2 else rows
+                live = None if fed.live is None else fed.live[:b]
+                fresh = fed.fresh_mask(b, length)
+                eligible = masked & fresh & (pos_idx < reach)[None]
                 prop = maker.propose(logits, fed, rows, masked, n_masked)
-                full_prop = widen(prop, canvas, rows)
+                full_prop = widen(prop, canvas, rows, live)
                 budget = None
                 if steps_per_block:
                     budget = (sch.dream_budget(masked, times, i, n_iter) if schedule == "dream"
                               else sch.llada_budget(n_block, i, n_iter))
+                step_model = _StepModel(model, plan, maker, model_canvas, nfe,
+                                        eligible.any(1), b, enabled=not cfg_on)
                 state = StepState(
                     proposal=full_prop, eligible=eligible, masked=masked,
-                    fresh=fresh[None].expand(b, -1), canvas=canvas, step=step, block=blk,
+                    fresh=fresh, canvas=canvas, step=step, block=blk,
                     block_start=bs, block_end=be, gen_start=p,
                     steps_left=(n_iter - i) if steps_per_block or times is not None else None,
                     budget=budget, progress=step / max(total_steps - 1, 1), generator=gen,
@@ -154,22 +201,30 @@ class DiffusionSampler:
                     times=(times[i], times[i + 1]) if times is not None else None,
                     memory=memory, logits=logits if getattr(selector, "needs_logits", False)
                     else None, extras={"n_masked": n_masked, "lengths": lengths,
-                                                "refresh": fed.refresh},
+                                       "refresh": fed.refresh, "total_steps": total_steps},
+                    rows=rows, refreshed=fed.refreshed_rows(b), model=step_model,
                 )
-                commit = selector.select(state)
+                chosen = selector.select(state)
+                sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
+                commit = sel.commit
+                forwards += step_model.calls
                 if self.debug:
                     check_commit(state, commit,
                                  allow_empty=getattr(selector, "may_commit_nothing", False))
-                tokens = full_prop.tokens
+                tokens, prob = full_prop.tokens, full_prop.prob
+                if sel.tokens is not None:
+                    tokens = torch.where(commit, sel.tokens, tokens)
+                if sel.prob is not None:
+                    prob = torch.where(commit, sel.prob.to(prob.dtype), prob)
                 if getattr(selector, "proposes_after_select", False):
                     tokens = maker.resample_committed(logits, rows, commit, tokens)
                 if stopper is not None:
                     stop = stopper.should_stop(state)
-                    greedy = stop[:, None] & masked & fresh[None]
+                    greedy = stop[:, None] & masked & fresh
                     tokens = torch.where(greedy & ~commit, full_prop.greedy, tokens)
                     commit = commit | greedy
                 canvas = torch.where(commit, tokens, canvas)
-                nll = -torch.log(full_prop.prob.double().clamp_min(1e-300))
+                nll = -torch.log(prob.double().clamp_min(1e-300))
                 bits.append(torch.where(commit, nll, 0.0).sum(1))
                 commit_step[commit[:, p:]] = step
                 nfe += eligible.any(1).long()
@@ -177,7 +232,7 @@ class DiffusionSampler:
                     new_len = truncator.truncate(state, commit).clamp(max=g)
                     lengths = torch.minimum(lengths, new_len)
                     dead = pos_idx[None] >= (p + lengths)[:, None]
-                    canvas = torch.where(dead & (canvas == mask_id), fill_id, canvas)
+                    canvas = torch.where(dead, fill_id, canvas)  # the row ends at its EOS
                     plan.valid[:b] &= ~dead
                     if cfg_on:
                         plan.valid[b:] &= ~dead
@@ -224,6 +279,38 @@ class DiffusionSampler:
             raise ValueError(f"steps ({total}) must be divisible by the number of blocks "
                              f"({n_blocks}); e.g. one of {valid[:8]}")
         return [total // n_blocks] * n_blocks
+
+
+def _bind(component: Any, model: Any, cfg: SamplerConfig) -> Any:
+    bind = getattr(component, "bind", None)
+    return component if bind is None else bind(model, cfg)
+
+
+class _StepModel:
+    """``types.StepModel`` for one step: extra forwards against the plan, counted in NFE."""
+
+    def __init__(self, model: Any, plan: ForwardPlan, maker: ProposalMaker, canvas: Tensor,
+                 nfe: Tensor, default_active: Tensor, batch: int, *, enabled: bool) -> None:
+        self.mask_token_id = model.mask_token_id
+        self.eos_token_ids = tuple(model.eos_token_ids or ())
+        self.block_size = getattr(model, "block_size", None)
+        self.positions, self.valid = plan.positions[:batch], plan.valid[:batch]
+        self.calls = 0
+        self._plan, self._maker, self._canvas = plan, maker, canvas
+        self._nfe, self._active, self._enabled = nfe, default_active, enabled
+
+    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor,
+                active: Tensor | None = None) -> Tensor:
+        if not self._enabled:
+            raise ValueError("extra forwards (e.g. S2D2 verification) do not support "
+                             "cfg_scale > 0")
+        logits = self._plan.extra_forward(self._canvas, tokens, positions, mask)
+        self.calls += 1
+        self._nfe += (self._active if active is None else active).long()
+        return logits
+
+    def probs(self, logits: Tensor) -> Tensor:
+        return self._maker.distribution(logits)
 
 
 def _fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,

@@ -40,7 +40,7 @@ from dllm_decode.policies.learn2pd import (
     save_filter,
 )
 from dllm_decode.samplers.sampler import DiffusionSampler
-from dllm_decode.types import StepState
+from dllm_decode.types import Selection, StepState
 
 #: ``state.extras`` key of the oracle's per-step record (``EGPStep``)
 EGP_KEY: Final = "learn2pd_egp"
@@ -82,9 +82,7 @@ class EGPOracle:
         feature: filter feature name (``FEATURES``).
 
     Writes ``EGPStep`` to ``state.extras[EGP_KEY]``. Stall guard rows commit every masked block
-    position with the reference token: the sampler has no hook for selector-chosen tokens, so
-    the reference is written into this step's proposal tokens (``state.proposal.tokens``, a
-    fresh per-step tensor) in place; the record is taken before that.
+    position with the reference token (returned as a ``Selection`` with those tokens).
     """
 
     reference: Tensor
@@ -97,7 +95,7 @@ class EGPOracle:
     def init_memory(self, batch: int, length: int, device: torch.device) -> EGPMemory:
         return EGPMemory()
 
-    def select(self, state: StepState) -> Tensor:
+    def select(self, state: StepState) -> Selection:
         mem: EGPMemory = state.memory
         if mem.block != state.block:
             mem.block, mem.steps, mem.prev = state.block, 0, None
@@ -117,9 +115,8 @@ class EGPOracle:
         mem.prev, mem.steps = argmax, mem.steps + 1
         correct = (greedy == ref) & in_block
         forced = state.eligible & stalled[:, None]
-        tokens = state.proposal.tokens
-        tokens.copy_(torch.where(forced, ref, tokens))  # see the class docstring
-        return state.eligible & (correct | forced)
+        tokens = torch.where(forced, ref, state.proposal.tokens)
+        return Selection(state.eligible & (correct | forced), tokens)
 
 
 @dataclass

@@ -1,0 +1,98 @@
+"""Decoding methods on held-out ParallelBench-style tasks: accuracy, NFE, TPF, wall time.
+
+Runs a sweep grid through the library's runner (``dllm_decode.eval.runner.run_grid``) on a
+bundled checkpoint or on the exact oracle model (``--model oracle``: the exact conditional of
+every masked answer token, so policy effects are isolated from model error), then writes one
+summary row per (policy, params, task) to ``benchmarks/results/methods_<model>.csv`` and prints
+a markdown table against the LLaDA one-token-per-step baseline.
+
+    python benchmarks/bench_policies.py --grid benchmarks/grids/methods.yaml --model oracle
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+from collections import defaultdict
+from pathlib import Path
+
+from dllm_decode.eval.parallelbench.grid import load_grid
+from dllm_decode.eval.runner import load_records, run_grid, sampler_decode_fn
+
+RESULTS = Path(__file__).parent / "results"
+
+
+def _model_and_codec(name: str, records: dict):
+    if name == "oracle":
+        from dllm_decode.eval.parallelbench.codec import ModelCodec
+        from dllm_decode.models.oracle import WaitingLineOracle
+
+        oracle = WaitingLineOracle.from_records(r for recs in records.values() for r in recs)
+        return oracle, ModelCodec(oracle)
+    from dllm_decode.eval.parallelbench.codec import TokenizerCodec
+    from dllm_decode.models.loading import load_model, resolve_path
+    from dllm_decode.tokenizer import load_tokenizer
+
+    model = load_model(name)
+    return model, TokenizerCodec(load_tokenizer(resolve_path(name)), model.eos_token_ids)
+
+
+def summarise(rows_path: Path) -> list[dict]:
+    groups: dict[tuple, list[dict]] = defaultdict(list)
+    for line in rows_path.read_text().splitlines():
+        row = json.loads(line)
+        cfg = row["config"]
+        key = (cfg["policy"], json.dumps(cfg["params"], sort_keys=True), cfg["steps"], row["task"])
+        groups[key].append(row)
+    out = []
+    for (policy, params, steps, task), rows in sorted(groups.items()):
+        n = len(rows)
+        nfe = sum(r["nfe"] for r in rows) / n
+        out.append(dict(policy=policy, params=params, steps=steps, task=task, n=n,
+                        accuracy=sum(r["score"] for r in rows) / n, nfe=nfe,
+                        tpf=sum(r["gen_tokens_budget"] for r in rows) / n / max(nfe, 1e-9),
+                        wall_s=sum(r["wall_time_s"] for r in rows) / n))
+    return out
+
+
+def table(summary: list[dict]) -> str:
+    by_cfg: dict[tuple, list[dict]] = defaultdict(list)
+    for s in summary:
+        by_cfg[(s["policy"], s["params"], s["steps"])].append(s)
+    lines = ["| policy | params | steps | accuracy (mean over tasks) | NFE | TPF |",
+             "|---|---|---|---|---|---|"]
+    for (policy, params, steps), ss in by_cfg.items():
+        acc = sum(s["accuracy"] for s in ss) / len(ss)
+        nfe = sum(s["nfe"] for s in ss) / len(ss)
+        tpf = sum(s["tpf"] for s in ss) / len(ss)
+        lines.append(f"| {policy} | {params} | {steps} | {100 * acc:.1f} | {nfe:.2f} | "
+                     f"{tpf:.2f} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--grid", type=Path, default=Path(__file__).parent / "grids/methods.yaml")
+    ap.add_argument("--model", default="oracle")
+    ap.add_argument("--out", type=Path, default=None)
+    args = ap.parse_args()
+    grid = load_grid(args.grid)
+    records = load_records(grid)
+    model, codec = _model_and_codec(args.model, records)
+    run_dir = args.out or (Path("runs") / f"methods-{Path(args.model).name}")
+    run_grid(grid, records, run_dir, decode=sampler_decode_fn(model), codec=codec,
+             model=args.model)
+    summary = summarise(Path(run_dir) / "rows.jsonl")
+    RESULTS.mkdir(exist_ok=True)
+    csv_path = RESULTS / f"methods_{Path(args.model).name}.csv"
+    with csv_path.open("w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(summary[0]))
+        w.writeheader()
+        w.writerows(summary)
+    print(table(summary))
+    print(f"\nper-task rows: {csv_path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,293 @@
+"""S2D2 presets and routers, and SDAR's base unmasking rules.
+
+* ``low_confidence_dynamic`` (SDAR, Cheng et al., arXiv 2510.06303, ``JetAstra/SDAR
+  generate.py``): commit every eligible position whose confidence is *strictly* above ``tau``
+  when there are at least ``k`` (the scheduled budget) of them, else the top ``k``.
+* S2D2's routers (Han et al., "S2D2: Fast Decoding for Diffusion LLMs via Training-Free
+  Self-Speculation", arXiv 2603.25702, ``phymhan/S2D2``): whether verifying the first masked
+  span pays off. A router has ``decide(ctx: RouteContext, memory) -> [B] bool`` and optionally
+  ``init_memory(batch, device)`` (per-generation, per-row state: hysteresis, bandit) and
+  ``update(ctx, memory, verified, committed)`` (the bandit's reward).
+* ``s2d2``: the self-speculative selector of ``dllm_decode.samplers.speculative``, built from
+  flat parameters (CLI / config friendly).
+
+Registering happens on import; ``make_policy("s2d2")`` works once this module is imported.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.policies.adaptive import EntropyBounded
+from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.confidence import TopK
+from dllm_decode.policies.registry import register
+from dllm_decode.types import ScoreKind, Selection, StepState
+
+
+@dataclass(frozen=True)
+class DynamicThreshold:
+    """SDAR ``low_confidence_dynamic``: all eligible with score ``> tau`` if at least ``budget``
+    of them, else the ``budget`` best (ties to the lower index). Uses SDAR's even budget split
+    (``preferred_schedule``); the block's last scheduled step commits everything left."""
+
+    tau: float = 0.85
+    score: ScoreKind = ScoreKind.PROB
+    budgeted: bool = True
+    preferred_schedule: str = "llada"
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "score", ScoreKind(self.score))
+
+    def select(self, state: StepState) -> Tensor:
+        score = state.proposal.score(self.score)
+        if state.steps_left == 1:
+            return state.eligible
+        budget = state.budget
+        if budget is None:
+            budget = torch.ones(score.shape[0], dtype=torch.long, device=score.device)
+        high = state.eligible & (score > self.tau)
+        enough = high.sum(1) >= budget
+        return torch.where(enough[:, None], high, topk_mask(score, state.eligible, budget))
+
+
+@dataclass(frozen=True)
+class BudgetCapped:
+    """Run an adaptive selector, then keep at most ``budget`` of its picks (best ``score``).
+
+    S2D2 uses it to cap the EB-sampler fallback at the tokens still owed this step.
+    """
+
+    inner: Any
+    score: ScoreKind = ScoreKind.NEG_ENTROPY
+    budgeted: bool = True
+
+    def select(self, state: StepState) -> Tensor:
+        chosen = self.inner.select(state)
+        chosen = chosen.commit if isinstance(chosen, Selection) else chosen
+        if state.budget is None:
+            return chosen
+        return chosen & topk_mask(state.proposal.score(self.score), chosen, state.budget)
+
+
+@dataclass(frozen=True)
+class RouteContext:
+    """What a router sees (all ``[B]``): ``span_len``; ``expected`` = ``K̂``; ``n_high``
+    eligible positions of the block with confidence above the fallback's ``tau``; ``progress``
+    decoded fraction of the block; ``entropy`` mean normalised entropy over the span;
+    ``block_len`` (int)."""
+
+    span_len: Tensor
+    expected: Tensor
+    n_high: Tensor
+    progress: Tensor
+    entropy: Tensor
+    block_len: int
+
+    def score(self, kind: str, c: float) -> Tensor:
+        """``static``: ``K̂ - c``; ``dynamic``: ``K̂ - c * N_hi``; ``-inf`` without a span."""
+        s = self.expected - (c if kind == "static" else c * self.n_high)
+        return torch.where(self.span_len > 0, s, -torch.inf)
+
+
+def _check_kind(kind: str) -> None:
+    if kind not in ("static", "dynamic"):
+        raise ValueError(f"score_type must be 'static' or 'dynamic', got {kind!r}")
+
+
+@dataclass(frozen=True)
+class Never:
+    """Never verify: the base rule alone (equals decoding with the fallback policy)."""
+
+    def decide(self, ctx: RouteContext, memory: Any) -> Tensor:
+        return torch.zeros_like(ctx.span_len, dtype=torch.bool)
+
+
+@dataclass(frozen=True)
+class Always:
+    """Verify whenever there is a span."""
+
+    def decide(self, ctx: RouteContext, memory: Any) -> Tensor:
+        return ctx.span_len > 0
+
+
+@dataclass(frozen=True)
+class MaskSpanLength:
+    """Verify iff the span has at least ``tau_span`` positions."""
+
+    tau_span: int = 1
+
+    def decide(self, ctx: RouteContext, memory: Any) -> Tensor:
+        return (ctx.span_len >= self.tau_span) & (ctx.span_len > 0)
+
+
+@dataclass(frozen=True)
+class ScoreThreshold:
+    """Verify iff the score ``>= tau_score``."""
+
+    tau_score: float = 0.0
+    kind: str = "static"
+    c: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_kind(self.kind)
+
+    def decide(self, ctx: RouteContext, memory: Any) -> Tensor:
+        return ctx.score(self.kind, self.c) >= self.tau_score
+
+
+@dataclass(frozen=True)
+class ScoreHysteresis:
+    """On/off per row: when on, stay on unless the score ``< tau_off``; when off, switch on iff
+    the score ``> tau_on`` (the reference code's strict ``>``). Memory: ``[B]`` bool."""
+
+    tau_on: float = 1.0
+    tau_off: float = -5.0
+    kind: str = "dynamic"
+    c: float = 1.0
+
+    def __post_init__(self) -> None:
+        _check_kind(self.kind)
+        if not self.tau_on > self.tau_off:
+            raise ValueError(f"tau_on ({self.tau_on}) must be > tau_off ({self.tau_off})")
+
+    def init_memory(self, batch: int, device: torch.device) -> Tensor:
+        return torch.zeros(batch, dtype=torch.bool, device=device)
+
+    def decide(self, ctx: RouteContext, memory: Tensor) -> Tensor:
+        s = ctx.score(self.kind, self.c)
+        on = torch.where(memory, ~(s < self.tau_off), s > self.tau_on)
+        memory.copy_(torch.where(ctx.span_len > 0, on, memory))
+        return on & (ctx.span_len > 0)
+
+
+@dataclass
+class BanditMemory:
+    """Per-row UCB statistics: ``count`` / ``reward`` ``[B, 2, buckets]``, ``t [B]``."""
+
+    count: Tensor
+    reward: Tensor
+    t: Tensor
+
+
+@dataclass(frozen=True)
+class ContextualBanditUCB:
+    """UCB over actions {skip, verify} per context bucket (span length x block progress x span
+    entropy bins, 2 each = 8 buckets); score ``mu + beta * sqrt(log t / n)``, untried actions
+    first, ties to verify; reward = tokens committed / forwards spent this step."""
+
+    beta: float = 1.0
+    bins: tuple[int, int, int] = (2, 2, 2)
+
+    def init_memory(self, batch: int, device: torch.device) -> BanditMemory:
+        n = self.bins[0] * self.bins[1] * self.bins[2]
+        z = torch.zeros(batch, 2, n, dtype=torch.float64, device=device)
+        return BanditMemory(z, z.clone(), torch.zeros(batch, dtype=torch.long, device=device))
+
+    def bucket(self, ctx: RouteContext) -> Tensor:
+        def bin_of(x: Tensor, lo: float, hi: float, n: int) -> Tensor:
+            if n <= 1 or hi <= lo:
+                return torch.zeros_like(x, dtype=torch.long)
+            ratio = (x.double().clamp(lo, hi) - lo) / (hi - lo)
+            return (ratio * n).long().clamp(0, n - 1)
+
+        ns, npr, ne = self.bins
+        span = bin_of(ctx.span_len.clamp(min=1), 1.0, float(max(1, ctx.block_len)), ns)
+        prog = bin_of(ctx.progress, 0.0, 1.0, npr)
+        ent = bin_of(ctx.entropy, 0.0, 1.0, ne)
+        return (span * npr + prog) * ne + ent
+
+    def decide(self, ctx: RouteContext, memory: BanditMemory) -> Tensor:
+        live = ctx.span_len > 0
+        memory.t += live.long()
+        at = self.bucket(ctx)[:, None, None].expand(-1, 2, 1)
+        n = memory.count.gather(2, at)[..., 0]  # [B, 2]
+        mu = memory.reward.gather(2, at)[..., 0] / n.clamp(min=1)
+        log_t = memory.t.clamp(min=1).double().log()[:, None]
+        bonus = torch.where(log_t > 0, self.beta * (log_t / n.clamp(min=1)).sqrt(), 0.0)
+        ucb = torch.where(n == 0, torch.inf, mu + bonus)
+        return live & (ucb[:, 1] >= ucb[:, 0])
+
+    def update(self, ctx: RouteContext, memory: BanditMemory, verified: Tensor,
+               committed: Tensor) -> None:
+        live = (ctx.span_len > 0).double()
+        at = (self.bucket(ctx) + verified.long() * memory.count.shape[2])[:, None]
+        flat_n = memory.count.view(memory.count.shape[0], -1)
+        flat_r = memory.reward.view(memory.reward.shape[0], -1)
+        reward = committed.double() / (1.0 + verified.double())
+        flat_n.scatter_add_(1, at, live[:, None])
+        flat_r.scatter_add_(1, at, (reward * live)[:, None])
+
+
+#: S2D2's fallback rules, by the names the reference script uses
+FALLBACKS = {
+    "low_confidence_dynamic": lambda tau, eb_gamma: DynamicThreshold(tau=tau),
+    "low_confidence_static": lambda tau, eb_gamma: TopK(score=ScoreKind.PROB),
+    "entropy_bounded": lambda tau, eb_gamma: BudgetCapped(EntropyBounded(gamma=eb_gamma)),
+}
+
+
+def s2d2(
+    *,
+    router: str = "score_threshold",
+    score_type: str | None = None,
+    tau_score: float = 0.0,
+    c: float = 1.0,
+    tau_on: float = 1.0,
+    tau_off: float = -5.0,
+    tau_span: int = 1,
+    ucb_beta: float = 1.0,
+    ucb_bins: tuple[int, int, int] = (2, 2, 2),
+    estimator: str = "soft_entropy_negexp",
+    entropy_temperature: float = 1.0,
+    margin_threshold: float = 0.05,
+    entropy_threshold: float = 0.5,
+    confidence_power: float = 1.0,
+    margin_coef: float = 1.0,
+    fallback: str = "low_confidence_dynamic",
+    tau: float = 0.85,
+    eb_gamma: float = 0.1,
+    gamma: float = 1.0,
+    allow_resample: bool = True,
+    causal_prefix: bool = True,
+) -> Any:
+    """Build the S2D2 selector (defaults: SDAR Config-A of the paper's README: score threshold
+    0, static score, c = 1, soft entropy estimator, dynamic-threshold fallback at 0.85,
+    AR-like prefix caching).
+
+    ``router``: ``never`` | ``always`` | ``mask_span_length`` (``tau_span``) |
+    ``score_threshold`` (``tau_score``) | ``score_hysteresis`` (``tau_on`` > ``tau_off``) |
+    ``contextual_bandit_ucb`` (``ucb_beta``, ``ucb_bins``); ``score_type`` ``static``
+    (K̂ − c) or ``dynamic`` (K̂ − c·N_hi), ``None``: the router's default (threshold static,
+    hysteresis dynamic, as in the paper's configurations); ``estimator``: see
+    ``speculative.ESTIMATORS``; ``fallback``: see ``FALLBACKS``.
+    """
+    from dllm_decode.samplers import speculative as spec
+
+    kind = {} if score_type is None else {"kind": score_type}
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {sorted(FALLBACKS)}, got {fallback!r}")
+    routers = {
+        "never": lambda: Never(),
+        "always": lambda: Always(),
+        "mask_span_length": lambda: MaskSpanLength(tau_span),
+        "score_threshold": lambda: ScoreThreshold(tau_score, c=c, **kind),
+        "score_hysteresis": lambda: ScoreHysteresis(tau_on, tau_off, c=c, **kind),
+        "contextual_bandit_ucb": lambda: ContextualBanditUCB(ucb_beta, tuple(ucb_bins)),
+    }
+    if router not in routers:
+        raise ValueError(f"router must be one of {sorted(routers)}, got {router!r}")
+    est = spec.AcceptanceEstimator(estimator, beta=entropy_temperature, margin=margin_threshold,
+                                   entropy_threshold=entropy_threshold, power=confidence_power,
+                                   coef=margin_coef)
+    return spec.SelfSpeculative(router=routers[router](), estimator=est,
+                                base=FALLBACKS[fallback](tau, eb_gamma), tau=tau, gamma=gamma,
+                                allow_resample=allow_resample, causal_prefix=causal_prefix)
+
+
+register("low_confidence_dynamic", lambda **kw: DynamicThreshold(**kw))
+register("s2d2", s2d2)
