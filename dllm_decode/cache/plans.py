@@ -120,6 +120,9 @@ class ForwardPlan:
         if mode is not CacheMode.NONE:
             self.cache = model.new_cache(valid.shape[0], self.length)
         self.clean_upto = 0  # block_causal: K/V of [0, clean_upto) are final
+        # no padding and nothing truncated: bidirectional forwards need no mask (SDPA's fast
+        # path). One host read here, before the step loop; ``restrict`` clears it.
+        self.dense = bool(valid.all())
         self.boundary = 0  # causal_prefix: queries left of this position attend causally
 
     def _structure(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
@@ -132,10 +135,18 @@ class ForwardPlan:
             allowed = torch.where((q_pos < self.boundary)[:, None], causal, allowed)
         return allowed
 
-    def _keys_mask(self, q_pos: Tensor) -> Tensor:
-        """``[B', N, L]`` visible keys for queries at canvas positions ``q_pos [N]``."""
-        mask = self.valid[:, None, :].expand(-1, q_pos.numel(), -1)
+    def restrict(self, visible: Tensor) -> None:
+        """Hide keys from later forwards: ``valid &= visible`` (``[B', L]``; truncation)."""
+        self.valid &= visible
+        self.dense = False
+
+    def _keys_mask(self, q_pos: Tensor) -> Tensor | None:
+        """``[B', N, L]`` visible keys for queries at canvas positions ``q_pos [N]``
+        (``None``: every key, no padding)."""
         allowed = self._structure(q_pos, torch.arange(self.length, device=self.valid.device))
+        if allowed is None and self.dense:
+            return None
+        mask = self.valid[:, None, :].expand(-1, q_pos.numel(), -1)
         return mask if allowed is None else mask & allowed
 
     def _run(self, canvas: Tensor, start: int, end: int, lo: int, hi: int,
@@ -147,11 +158,12 @@ class ForwardPlan:
             mask = self._keys_mask(span)
             return self.model(tokens, pos, cache=self.cache, slots=span.expand_as(tokens),
                               mask=mask, store=True, hidden_rows=rows)
-        valid = self.valid[:, start:end]
-        mask = valid[:, None, :].expand(-1, end - start, -1)
         allowed = self._structure(span, span)
-        if allowed is not None:
-            mask = mask & allowed
+        mask = None
+        if allowed is not None or not self.dense:
+            mask = self.valid[:, start:end][:, None, :].expand(-1, end - start, -1)
+            if allowed is not None:
+                mask = mask & allowed
         return self.model(tokens, pos, mask=mask, hidden_rows=rows)
 
     def prepare(self, canvas: Tensor, step_in_block: int, lo: int, *,

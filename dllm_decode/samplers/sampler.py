@@ -233,9 +233,7 @@ class DiffusionSampler:
                     lengths = torch.minimum(lengths, new_len)
                     dead = pos_idx[None] >= (p + lengths)[:, None]
                     canvas = torch.where(dead, fill_id, canvas)  # the row ends at its EOS
-                    plan.valid[:b] &= ~dead
-                    if cfg_on:
-                        plan.valid[b:] &= ~dead
+                    plan.restrict(torch.cat([~dead, ~dead]) if cfg_on else ~dead)
                 if cfg.stop_at_eos and model.eos_token_ids:
                     canvas = _fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id)
                 if on_step is not None:
