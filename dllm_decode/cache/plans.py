@@ -141,13 +141,13 @@ class ForwardPlan:
         self.dense = False
 
     def _keys_mask(self, q_pos: Tensor) -> Tensor | None:
-        """``[B', N, L]`` visible keys for queries at canvas positions ``q_pos [N]``
-        (``None``: every key, no padding)."""
+        """Visible keys for queries at canvas positions ``q_pos [N]``: ``[B', N, L]`` when
+        they differ per query (block-causal), else the key mask ``[B', L]`` (``None``: every
+        key, no padding) — the form the cached attention kernel takes."""
         allowed = self._structure(q_pos, torch.arange(self.length, device=self.valid.device))
-        if allowed is None and self.dense:
-            return None
-        mask = self.valid[:, None, :].expand(-1, q_pos.numel(), -1)
-        return mask if allowed is None else mask & allowed
+        if allowed is None:
+            return None if self.dense else self.valid
+        return self.valid[:, None, :].expand(-1, q_pos.numel(), -1) & allowed
 
     def _run(self, canvas: Tensor, start: int, end: int, lo: int, hi: int,
              use_cache: bool) -> Tensor:

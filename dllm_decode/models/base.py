@@ -18,7 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dllm_decode import kernels
 from dllm_decode.cache.kv import BlockKVCache
+from dllm_decode.types import Impl
 
 
 @runtime_checkable
@@ -155,8 +157,15 @@ class Attention(nn.Module):
         cache: BlockKVCache | None,
         slots: Tensor | None,
         store: bool,
+        impl: Impl = Impl.REFERENCE,
     ) -> Tensor:
-        """x ``[B, N, h]`` -> ``[B, N, h]``. mask: bool ``[B, N, Lk]`` or ``None`` (all visible)."""
+        """x ``[B, N, h]`` -> ``[B, N, h]``.
+
+        mask: bool ``[B, N, Lk]``, a key mask ``[B, Lk]`` shared by every query, or ``None``
+        (all visible). With ``impl=triton``, a cached forward that stores its K/V and has a key
+        mask (or none) runs the ``kv_write_`` and ``block_attention`` kernels; every other
+        forward uses SDPA.
+        """
         spec = self.spec
         b, n, _ = x.shape
         q = self.q_proj(x).view(b, n, spec.num_heads, spec.head_dim)
@@ -166,6 +175,15 @@ class Attention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H*, N, D]
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+        if cache is not None and store and impl is Impl.TRITON and (mask is None or
+                                                                     mask.dim() == 2):
+            ck, cv = cache.layer(layer)
+            kernels.kv_write_(ck, cv, k, v, slots, impl=impl)
+            full = torch.full((b,), ck.shape[2], dtype=torch.int32, device=x.device)
+            out = kernels.block_attention(q, ck, cv, torch.zeros_like(full), full, kv_mask=mask,
+                                          sm_scale=1.0 / math.sqrt(spec.head_dim),
+                                          impl=impl).out
+            return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
         if cache is not None:
             if store:
                 cache.write(layer, slots, k, v)
@@ -173,7 +191,9 @@ class Attention(nn.Module):
             else:
                 ck, cv = cache.layer(layer)
                 k, v = torch.cat((ck, k), dim=2), torch.cat((cv, v), dim=2)
-        attn_mask = None if mask is None else mask[:, None]
+        attn_mask = None
+        if mask is not None:
+            attn_mask = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]
         out = F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, scale=1.0 / math.sqrt(spec.head_dim),
             enable_gqa=spec.num_heads != spec.num_kv_heads,
@@ -212,6 +232,8 @@ class DecoderLM(nn.Module):
 
     #: internal-name regex -> checkpoint-name template, set by each family subclass
     names: tuple[tuple[str, str], ...] = ()
+    #: attention kernels for cached forwards: ``auto`` = Triton when it can launch (CUDA)
+    attn_impl: Impl = Impl.AUTO
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
@@ -302,16 +324,16 @@ class DecoderLM(nn.Module):
                              f"{tuple(positions.shape)} must both be [B, N]")
         if slots is None:
             slots = positions
-        if mask is not None and mask.dim() == 2:
-            mask = mask[:, None, :].expand(-1, tokens.shape[1], -1)
         if mask is None and self.spec.attention == "block_causal":
             if cache is not None:
                 raise ValueError("pass an explicit mask for cached block-causal forwards")
             mask = block_causal_mask(positions, positions, self.spec.block_size)
         h = self.embed(tokens)
         cos, sin = rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta)
+        impl = kernels.resolve_impl(self.attn_impl, h.device) if cache is not None \
+            else Impl.REFERENCE
         for i, layer in enumerate(self.layers):
-            h = h + layer.attn(layer.attn_norm(h), cos, sin, mask, i, cache, slots, store)
+            h = h + layer.attn(layer.attn_norm(h), cos, sin, mask, i, cache, slots, store, impl)
             h = h + layer.mlp(layer.mlp_norm(h))
         h = self.norm(h)
         if self.spec.logit_shift:
