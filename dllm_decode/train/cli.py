@@ -13,7 +13,7 @@ def run_train(kind: str, argv: list[str]) -> int:
 
         return int(train_tiny_main(argv) or 0)
     if kind == "learn2pd":
-        from dllm_decode.train.learn2pd import train_learn2pd_main
+        from dllm_decode.train.learn2pd_cli import train_learn2pd_main
 
         return int(train_learn2pd_main(argv) or 0)
     raise ValueError(f"unknown training kind {kind!r}; valid: tiny, learn2pd")
