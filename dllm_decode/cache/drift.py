@@ -59,8 +59,8 @@ def measure_drift(model: Any, prompt: Tensor, *, gen_length: int, block_length: 
     full_plan = ForwardPlan(model, CacheMode.NONE, valid, model.rope_positions(valid))
     drift, agree, total, refresh_max = [], 0, 0, 0.0
     for canvas, rows, logits, refresh, eligible in records:
-        full = full_plan._run(canvas, 0, canvas.shape[1], int(rows[0]), int(rows[-1]) + 1,
-                              use_cache=False)
+        lo, hi = int(rows[0]), int(rows[-1]) + 1
+        full = full_plan.forward(canvas, (lo, hi), lo, 0, lo, full_span=False).logits
         keep = torch.isfinite(logits)  # the sampler sets the mask token's logit to -inf
         diff = torch.where(keep, (logits.float() - full.float()).abs(), 0.0)
         if refresh:

@@ -25,24 +25,6 @@ KL_EPS = 1e-12
 _STRATEGIES = ("all", "max_conf", "min_kl")
 
 
-def row_budget(state: StepState) -> Tensor | None:
-    """``[B]`` int64 scheduled commits per row, row by row (``None``: adaptive step).
-
-    On Dream's time grid the sampler's budget uses the batch-mean masked count, as the reference
-    does; there rows never diverge, but once a data-dependent rule (a ready set, a seek commit,
-    an early stop) makes them diverge it couples rows and can leave masks at a block's last
-    step. This recomputes it per row, ``floor(n_row * (1 - s / t))`` and everything at the last
-    step, which equals the sampler's value whenever the rows' masked counts are equal.
-    """
-    if state.times is None or state.budget is None:
-        return state.budget
-    n = state.masked.sum(1)
-    if state.steps_left == 1:
-        return n
-    t, s = state.times
-    return torch.floor(n * (1 - s / t)).long()
-
-
 @dataclass
 class KLASSMemory:
     """KLASS state. ``log_prev`` ``[B, L, V]`` float32 ``log(p + 1e-12)`` of each position's
@@ -148,7 +130,7 @@ class KLASS:
         if self.unmask_strategy != "all":  # a single ready position per row
             one = torch.ones_like(conf[:, 0], dtype=torch.long)
             ready = topk_mask(conf if self.unmask_strategy == "max_conf" else -kl, ready, one)
-        fallback = topk_mask(conf, eligible, row_budget(state))
+        fallback = topk_mask(conf, eligible, state.budget)
         commit = torch.where(ready.any(1, keepdim=True), ready, fallback)
         if state.steps_left == 1:
             commit = eligible.clone()
@@ -209,7 +191,7 @@ class CCD:
     def select(self, state: StepState) -> Tensor:
         """Commit mask ``[B, L]``; updates the buffer and the argmax record. No host sync."""
         mem: CCDMemory = state.memory
-        k, eligible = row_budget(state), state.eligible
+        k, eligible = state.budget, state.eligible
         score, greedy = state.proposal.score(self.score), state.proposal.greedy
         ranks = rank_desc(score, eligible)
         top = eligible & (ranks < k[:, None])

@@ -25,7 +25,6 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import init_memory_of
-from dllm_decode.policies.history import row_budget
 from dllm_decode.policies.registry import Policy, make_policy, register
 from dllm_decode.types import StepState
 
@@ -292,7 +291,7 @@ class Supervised:
     """A selector that also owns its stopper's memory (the sampler initialises only the
     selector's). ``select`` runs the base selector with its own memory; the stopper finds its
     memory at ``state.memory.stopper``. Any other attribute is the base selector's.
-    The base sees per-row budgets (``row_budget``): stops are per row, so rows diverge.
+    The base sees the sampler's per-row budgets: stops are per row, so rows diverge.
     """
 
     selector: Any
@@ -314,7 +313,7 @@ class Supervised:
         """The base selector's result (a commit mask ``[B, L]`` or a ``Selection``)."""
         mem = state.memory
         own = mem.selector if isinstance(mem, PairedMemory) else mem
-        return self.selector.select(replace(state, memory=own, budget=row_budget(state)))
+        return self.selector.select(replace(state, memory=own))
 
 
 _SCHED_FIELDS = frozenset(f.name for f in fields(SchED))
