@@ -222,3 +222,15 @@ def test_integration_with_sampler_and_oracle(tmp_path: Path) -> None:
     rows = read_rows(summary.rows_path)
     assert len(rows) == 4 and all(row["score"] == 1.0 for row in rows)  # copy: C = 0, any k
     assert sorted({row["nfe"] for row in rows}) == [1, 32]
+
+
+def test_generated_source_icl_examples_option() -> None:
+    base = {"tasks": ["waiting_line/copy"], "source": "generated", "num_samples": 3,
+            "sweeps": [{"policy": "low_confidence"}]}
+    with_demo = load_records(parse_grid(base))["waiting_line/copy"]
+    zero_shot = load_records(parse_grid(base | {"icl_examples": 0}))["waiting_line/copy"]
+    assert all(len(r["input"]["icl_examples"]) == 1 for r in with_demo)
+    assert all("icl_examples" not in r["input"] for r in zero_shot)
+    assert [r["answer"] for r in zero_shot] == [r["answer"] for r in with_demo]
+    with pytest.raises(ValueError, match="icl_examples"):
+        parse_grid(base | {"icl_examples": -1})

@@ -120,3 +120,31 @@ def test_run_directory_and_export(tmp_path) -> None:
         assert model.mask_token_id == tok.mask_token_id and model.vocab_size == len(tok)
     weights = (out / "model" / "model.safetensors").stat().st_size
     assert run["export_bytes"] == weights < 2 * run["parameters"] + 100_000  # float16
+
+
+def test_tied_training_exports_untied_equal_weights(tmp_path) -> None:
+    from dllm_decode.train.config import build_tiny_model, untie
+
+    cfg = TrainConfig(hidden=32, layers=1, heads=2, intermediate=64, tie_embeddings=True)
+    model = build_tiny_model(cfg, 50, 49, 1, 0)
+    assert model.head.weight is model.embed.weight
+    assert sum(p.numel() for p in model.parameters()) < sum(
+        p.numel() for p in build_tiny_model(TrainConfig(hidden=32, layers=1, heads=2,
+                                                        intermediate=64), 50, 49, 1, 0
+                                            ).parameters())
+    untied = untie(model)
+    assert untied.head.weight is not untied.embed.weight
+    assert torch.equal(untied.head.weight, untied.embed.weight)
+    out = tmp_path / "run"
+    train(parse_args(["--family", "llada", "--steps", "2", "--out", str(out),
+                      "--tie-embeddings", *TINY]))
+    loaded = load_model(out / "model")  # the release format stores both matrices
+    assert torch.equal(loaded.head.weight, loaded.embed.weight)
+
+
+def test_repeated_tasks_weight_training_but_not_the_eval_set() -> None:
+    data = TaskData(load_tokenizer(), ["waiting_line/copy"] * 3 + ["waiting_line/reverse"], 32)
+    drawn = [task for step in range(20) for task, _ in data.draw(0, step, 8, 2, 3)]
+    assert drawn.count("waiting_line/copy") > 2 * drawn.count("waiting_line/reverse")
+    evals = [task for task, _ in data.eval_examples(4, 2, 3)]
+    assert evals.count("waiting_line/copy") == evals.count("waiting_line/reverse") == 2

@@ -140,14 +140,25 @@ class ForwardPlan:
         self.valid &= visible
         self.dense = False
 
-    def _keys_mask(self, q_pos: Tensor) -> Tensor | None:
-        """Visible keys for queries at canvas positions ``q_pos [N]``: ``[B', N, L]`` when
-        they differ per query (block-causal), else the key mask ``[B', L]`` (``None``: every
-        key, no padding) — the form the cached attention kernel takes."""
-        allowed = self._structure(q_pos, torch.arange(self.length, device=self.valid.device))
+    def _keys_mask(self, start: int, end: int) -> Tensor | None:
+        """Visible keys for queries at canvas positions ``[start, end)``: the key mask
+        ``[B', L]`` when every query sees the same keys (``None``: every key, no padding) —
+        the form the cached attention kernel takes — else ``[B', N, L]``.
+
+        Block-causal queries that all lie in one block (and right of a causal prefix) share
+        their keys: everything before the block's end. That is decided from the integers
+        alone, so the common block-causal step runs the kernel path too.
+        """
+        keys = torch.arange(self.length, device=self.valid.device)
+        if self.model.attention == "block_causal":
+            size = self.model.block_size
+            if start // size == (end - 1) // size and not (
+                    self.causal_prefix and start < self.boundary):
+                return self.valid & (keys < (start // size + 1) * size)[None]
+        allowed = self._structure(torch.arange(start, end, device=keys.device), keys)
         if allowed is None:
             return None if self.dense else self.valid
-        return self.valid[:, None, :].expand(-1, q_pos.numel(), -1) & allowed
+        return self.valid[:, None, :].expand(-1, end - start, -1) & allowed
 
     def _run(self, canvas: Tensor, start: int, end: int, lo: int, hi: int,
              use_cache: bool) -> Tensor:
@@ -155,7 +166,7 @@ class ForwardPlan:
         rows = torch.arange(lo, hi, device=canvas.device) - start
         tokens, pos = canvas[:, start:end], self.positions[:, start:end]
         if use_cache:
-            mask = self._keys_mask(span)
+            mask = self._keys_mask(start, end)
             return self.model(tokens, pos, cache=self.cache, slots=span.expand_as(tokens),
                               mask=mask, store=True, hidden_rows=rows)
         allowed = self._structure(span, span)

@@ -161,8 +161,8 @@ class WindowPlan(ForwardPlan):
         real = torch.arange(width, device=canvas.device)[None] < self._count[:, None]
         idx = torch.where(real, idx, idx[:, :1])  # pad with a duplicate of the first entry
         live = self._live.gather(1, idx) & real & (idx < hi)
-        mask = self._keys[:, None, :].expand(-1, width, -1)
+        # one key set per row, shared by its fed queries: a key mask (the kernel path)
         logits = self.model(canvas.gather(1, idx), self.positions.gather(1, idx),
-                            cache=self.cache, slots=idx, mask=mask, store=True)
+                            cache=self.cache, slots=idx, mask=self._keys, store=True)
         return Fed(logits, idx, 0, length, refresh=bool(all_full), live=live,
                    refreshed=self.full)

@@ -300,7 +300,8 @@ def load_records(
         loaded = {}
         for task in grid.tasks:
             seed = split_seed(task, "test") + grid.data_seed
-            loaded[task] = generate_task(task, grid.num_samples, seed, split="test")
+            loaded[task] = generate_task(task, grid.num_samples, seed, split="test",
+                                         icl_examples=grid.icl_examples)
     return {task: records[:limit] for task, records in loaded.items()}
 
 

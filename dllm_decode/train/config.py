@@ -11,6 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Final
 
+import torch
+
 from dllm_decode.models.base import DecoderLM, ModelSpec
 from dllm_decode.models.block import sdar_config
 from dllm_decode.models.dream import dream_config
@@ -59,6 +61,8 @@ class TrainConfig:
     kv_heads: int = _f(0, "K/V heads (0: heads for llada, heads // 2 for dream and sdar)")
     intermediate: int = _f(640, "SwiGLU hidden size")
     rope_theta: float = _f(10000.0, "RoPE base")
+    tie_embeddings: bool = _f(False, "share the input embedding and the LM head while training "
+                                     "(copying names becomes a pass-through); exported untied")
     block_size: int = _f(4, "sdar: block size of block-causal attention")
     ar_fraction: float = _f(0.25, "sdar: share of steps trained in block-size-1 (AR) mode")
     log_every: int = _f(10, "steps between loss.csv rows")
@@ -143,7 +147,17 @@ def build_tiny_model(cfg: TrainConfig, vocab_size: int, mask_id: int, eos_id: in
                      pad_id: int) -> DecoderLM:
     """A freshly initialised model of ``cfg`` (weights from ``cfg.seed``), in train mode."""
     spec = model_spec(cfg, vocab_size, mask_id, eos_id, pad_id)
-    return build_model(release_config(spec), seed=cfg.seed).train()
+    model = build_model(release_config(spec), seed=cfg.seed).train()
+    if cfg.tie_embeddings:  # one parameter in two places; ``untie`` before saving
+        model.head.weight = model.embed.weight
+    return model
+
+
+def untie(model: DecoderLM) -> DecoderLM:
+    """Give ``model.head`` its own copy of a shared weight (the release formats save both)."""
+    if model.head.weight is model.embed.weight:
+        model.head.weight = torch.nn.Parameter(model.embed.weight.detach().clone())
+    return model
 
 
 def parse_args(argv: list[str] | None) -> TrainConfig:

@@ -113,7 +113,8 @@ class TaskData:
 
     def draw(self, seed: int, step: int, batch_size: int, min_items: int,
              max_items: int) -> list[Example]:
-        """``batch_size`` training examples for ``step``; tasks uniform, lengths balanced."""
+        """``batch_size`` training examples for ``step``; tasks drawn uniformly from the task list
+        (a task listed twice is drawn twice as often), lengths balanced."""
         rng = random.Random(f"{seed}:{step}")
         counts = Counter(rng.choice(self.tasks) for _ in range(batch_size))
         examples: list[Example] = []
@@ -128,9 +129,10 @@ class TaskData:
     def eval_examples(self, size: int, min_items: int, max_items: int,
                       seed: int = 0) -> list[Example]:
         """A fixed held-out set (``split="validation"``): ``ceil(size / tasks)`` per task."""
-        per_task = -(-size // len(self.tasks))
+        tasks = tuple(dict.fromkeys(self.tasks))  # a task repeated in --tasks weighs training only
+        per_task = -(-size // len(tasks))
         examples: list[Example] = []
-        for i, task in enumerate(self.tasks):
+        for i, task in enumerate(tasks):
             records = generate_task(task, per_task, seed + i, min_len=min_items,
                                     max_len=max_items, icl_examples=self.icl_examples,
                                     split="validation")

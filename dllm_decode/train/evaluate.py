@@ -15,7 +15,7 @@ from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.loading import save_model
 from dllm_decode.samplers import DiffusionSampler
 from dllm_decode.tokenizer import BUNDLED_TOKENIZER
-from dllm_decode.train.config import TrainConfig
+from dllm_decode.train.config import TrainConfig, untie
 from dllm_decode.train.data import Example, TaskData
 from dllm_decode.train.objectives import diffusion_loss
 
@@ -127,7 +127,7 @@ def export_model(model: DecoderLM, tokenizer_dir: str | Path | None, directory: 
     Returns the size of ``model.safetensors`` in bytes.
     """
     dtype = {"float16": torch.float16, "float32": torch.float32}[cfg.export_dtype]
-    cast = copy.deepcopy(model).to(device="cpu", dtype=dtype)
+    cast = untie(copy.deepcopy(model)).to(device="cpu", dtype=dtype)
     save_model(cast, directory)
     source = Path(tokenizer_dir) if tokenizer_dir else BUNDLED_TOKENIZER
     for name in ("tokenizer.json", "tokenizer_config.json"):

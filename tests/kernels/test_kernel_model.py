@@ -1,6 +1,7 @@
 """The Triton attention path of cached model forwards equals the SDPA path.
 
-A cached forward that stores its K/V under a key mask (prefix / dual cache, padding) runs
+A cached forward that stores its K/V under a key mask (prefix / dual cache, padding, a
+block-causal step inside one block, a pruned Window-Diffusion step) runs
 ``kv_write_`` + ``block_attention`` when the model's ``attn_impl`` resolves to Triton; here
 the kernels run in the interpreter on CPU.
 """
@@ -15,7 +16,8 @@ from dllm_decode.types import Impl
 from tests.helpers import EOS, tiny_model
 
 
-@pytest.mark.parametrize("family,mode", [("llada", "dual"), ("dream", "prefix")])
+@pytest.mark.parametrize("family,mode", [("llada", "dual"), ("dream", "prefix"),
+                                         ("sdar", "block_causal"), ("llada", "window")])
 def test_cached_decode_with_triton_attention_matches_reference(device, monkeypatch,
                                                                 family: str, mode: str) -> None:
     from dllm_decode import kernels
@@ -35,6 +37,8 @@ def test_cached_decode_with_triton_attention_matches_reference(device, monkeypat
     prompt = prompt.to(device)
     mask = torch.tensor([[0, 1, 1, 1], [1, 1, 1, 1]], device=device)  # a left-padded row
     kw = dict(gen_length=8, block_length=4, steps=8)
+    if mode == "window":  # pruned steps: window 3, active 2, a full forward every 3 steps
+        kw |= dict(window_tokens=3, active_tokens=2, refresh_every=3)
     outs = {}
     for impl in (Impl.REFERENCE, Impl.TRITON):
         model.attn_impl = impl

@@ -8,6 +8,7 @@ Grid file (every key optional except ``sweeps``)::
     data: /path/to/output/test     # released ParallelBench tree (official source)
     num_samples: 100               # generated source: records per task
     data_seed: 0                   # generated source: seed (held-out "test" split)
+    icl_examples: 1                # generated source: demonstrations per prompt (released: 1)
     tasks: [waiting_line, puzzle/sudoku_n4_12]   # ids, categories, or "benchmark" (the 17)
     limit: 20                      # first N docs per task
     batch_size: 1
@@ -42,7 +43,8 @@ from dllm_decode.eval.parallelbench.tasks import BENCHMARK_TASKS, TASK_SPECS, ta
 
 SOURCES: Final[tuple[str, ...]] = ("official", "generated")
 _GRID_KEYS: Final[frozenset[str]] = frozenset(
-    {"model", "tokenizer", "source", "data", "num_samples", "data_seed", "tasks", "limit",
+    {"model", "tokenizer", "source", "data", "num_samples", "data_seed", "icl_examples",
+     "tasks", "limit",
      "batch_size", "warmup", "sweeps"}
 )  # fmt: skip
 _SWEEP_KEYS: Final[frozenset[str]] = frozenset(
@@ -112,6 +114,7 @@ class Grid:
     data: str | None = None
     num_samples: int = 100
     data_seed: int = 0
+    icl_examples: int = 1
     limit: int | None = None
     batch_size: int = 1
     warmup: int = 0
@@ -175,6 +178,8 @@ def parse_grid(raw: Mapping[str, Any]) -> Grid:
     for key in ("batch_size", "num_samples"):
         if key in raw and int(raw[key]) < 1:
             raise ValueError(f"grid: {key} must be >= 1, got {raw[key]!r}")
+    if int(raw.get("icl_examples", 1)) < 0:
+        raise ValueError(f"grid: icl_examples must be >= 0, got {raw['icl_examples']!r}")
     options = {k: raw[k] for k in raw if k not in ("sweeps", "tasks")}
     tasks = _expand_tasks(_as_tuple(raw.get("tasks", "benchmark")))
     parsed = tuple(_parse_sweep(s, f"sweeps[{i}]") for i, s in enumerate(sweeps))
