@@ -38,3 +38,34 @@ def test_roofline_matches_the_published_cost_model() -> None:
     assert full * 1e3 == pytest.approx(20.0, rel=0.1)
     assert LLADA_8B.linear_params == pytest.approx(6.98e9, rel=0.01)
     assert DREAM_7B.kv_bytes_per_token == pytest.approx(57_344)
+
+
+def _bench_policies():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_policies.py"
+    spec = importlib.util.spec_from_file_location("bench_policies", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_model_card_table_and_section(tmp_path) -> None:
+    bp = _bench_policies()
+    summary = [dict(policy="low_confidence", params="{}", steps=s, task=f"waiting_line/{t}",
+                    n=2, accuracy=acc, nfe=float(s), tpf=32 / s, wall_s=0.1)
+               for s, t, acc in ((32, "copy", 1.0), (32, "reverse", 0.5), (8, "copy", 0.5),
+                                 (8, "reverse", 0.0))]
+    text = bp.per_task_table(summary)
+    lines = text.splitlines()
+    assert lines[0] == "| task | low_confidence, 1 tok/step | low_confidence, 4 tok/step |"
+    assert lines[2] == "| copy | 100 / 32.0 | 50 / 8.0 |"
+    assert lines[4] == "| **mean** | 75 / 32.0 | 25 / 8.0 |"
+    readme = tmp_path / "README.md"
+    readme.write_text("# card\n")
+    bp.write_card_section(readme, "first")
+    bp.write_card_section(readme, "second")  # replaced in place, not appended twice
+    body = readme.read_text()
+    assert body.startswith("# card\n") and "second" in body and "first" not in body
+    assert body.count("<!-- results -->") == 1

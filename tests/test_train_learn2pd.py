@@ -175,3 +175,8 @@ def test_cli_task_generator(tmp_path) -> None:
     side = _cli(model_dir, tmp_path / "o", "--task-generator", "--n-prompts", "2",
                 "--tasks", "waiting_line/copy", "--iters", "10")
     assert side["training"]["data"]["prompts"] == 2
+    from dllm_decode.train.learn2pd_cli import task_prompts
+
+    shots = [task_prompts(model_dir, 2, tasks=["waiting_line/copy"], icl_examples=k)
+             for k in (0, 1)]
+    assert all(len(a) < len(b) for a, b in zip(*shots, strict=True))  # demonstrations dropped

@@ -148,3 +148,29 @@ def test_repeated_tasks_weight_training_but_not_the_eval_set() -> None:
     assert drawn.count("waiting_line/copy") > 2 * drawn.count("waiting_line/reverse")
     evals = [task for task, _ in data.eval_examples(4, 2, 3)]
     assert evals.count("waiting_line/copy") == evals.count("waiting_line/reverse") == 2
+
+
+def test_scrambled_copies_share_random_tokens_between_prompt_and_answer() -> None:
+    import random
+
+    data = TaskData(load_tokenizer(), ["waiting_line/copy", "waiting_line/reverse"], 32)
+    examples = data.draw(0, 3, 8, 3, 3)
+    plain = data.collate(examples)
+    mixed = data.collate(examples, scramble=random.Random(0))
+    again = data.collate(examples, scramble=random.Random(0))
+    assert torch.equal(mixed.tokens, again.tokens)  # a function of the generator
+    pool = set(data.scramble_pool())
+    p = plain.prompt_length
+    for row, (task, _) in enumerate(examples):
+        n = int(plain.content[row].sum())
+        answer = mixed.tokens[row, p:p + n].tolist()
+        if task.endswith("copy"):
+            assert set(answer) <= pool and answer != plain.tokens[row, p:p + n].tolist()
+            prompt = mixed.tokens[row, :p].tolist()
+            assert any(prompt[i:i + n] == answer for i in range(p - n + 1))
+            changed = (mixed.tokens[row] != plain.tokens[row]).sum()
+            assert changed <= 2 * n  # only the list and the answer text
+        else:
+            assert torch.equal(mixed.tokens[row], plain.tokens[row])
+    assert {"'", '"', "[", "]", ","}.isdisjoint(
+        "".join(data.tokenizer.decode([i]) for i in pool))  # names only, no list syntax

@@ -53,6 +53,10 @@ class TrainConfig:
     max_items: int = _f(6, "longest list length once the curriculum is over")
     curriculum: float = _f(0.4, "fraction of steps over which the longest length grows "
                                 "from min_items + 1 to max_items")
+    scramble_steps: int = _f(0, "warm-up steps of copy-only batches whose list tokens are "
+                                "scrambled (random name tokens, same in prompt and answer)")
+    scramble_items: int = _f(3, "list length of the scrambled warm-up copies (one length: the "
+                                "copy offset is fixed, which forms the circuit fastest)")
     icl_examples: int = _f(1, "in-context demonstrations per prompt (released data: 1)")
     eps: float = _f(1e-3, "mask rate floor: p = (1 - eps) t + eps")
     hidden: int = _f(256, "hidden size")
@@ -97,8 +101,9 @@ class TrainConfig:
              f"heads ({self.heads}) must be a multiple of kv_heads ({self.kv_heads_resolved})")
         need(self.export_dtype in ("float16", "float32"),
              f"export_dtype must be float16 or float32, got {self.export_dtype!r}")
-        need(self.threads >= 0 and self.eval_every >= 0 and self.icl_examples >= 0,
-             "threads, eval_every and icl_examples must be >= 0")
+        need(self.threads >= 0 and self.eval_every >= 0 and self.icl_examples >= 0
+             and self.scramble_steps >= 0,
+             "threads, eval_every, icl_examples and scramble_steps must be >= 0")
         need(bool(self.task_list), "tasks must name at least one task")
 
     @property

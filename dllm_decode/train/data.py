@@ -64,6 +64,20 @@ def max_items_at(step: int, steps: int, min_items: int, max_items: int,
     return start + int((max_items - start) * step / ramp)
 
 
+def _scramble_copy(prompt: list[int], answer: list[int], eos_id: int, pool: Sequence[int],
+                   rng: random.Random) -> None:
+    """In place: the answer text (before EOS) and its last occurrence in the prompt get the
+    same random tokens from ``pool``."""
+    n = answer.index(eos_id) if eos_id in answer else len(answer)
+    text = answer[:n]
+    at = next((i for i in range(len(prompt) - n, -1, -1) if prompt[i:i + n] == text), None)
+    if at is None:
+        raise ValueError("copy answer not found in its prompt; cannot scramble")
+    new = [rng.choice(pool) for _ in range(n)]
+    prompt[at:at + n] = new
+    answer[:n] = new
+
+
 class TaskData:
     """Tokenizes generated records into ``Batch`` es.
 
@@ -96,10 +110,35 @@ class TaskData:
                              f"{self.gen_length}; raise --gen-length or lower --max-items")
         return ids + [self.eos_id] * (self.gen_length - len(ids))
 
-    def collate(self, examples: Sequence[Example], extra_pad: int = 0) -> Batch:
-        """Left-pad prompts to a common length (+ ``extra_pad``) and append the answers."""
+    def scramble_pool(self) -> list[int]:
+        """Token ids that occur inside names (the pool scrambled copies draw from)."""
+        from dllm_decode.eval.parallelbench.generate import format_list
+        from dllm_decode.eval.parallelbench.names import FIRST_NAMES, LAST_NAMES
+
+        names = [f"{first} {last}" for first in FIRST_NAMES for last in LAST_NAMES[:1]]
+        names += [f"{FIRST_NAMES[0]} {last}" for last in LAST_NAMES]
+        frame = set(self.tokenizer(format_list(["A B", "C D"]), add_special_tokens=False)
+                    ["input_ids"])
+        ids = self.tokenizer(format_list(names), add_special_tokens=False)["input_ids"]
+        return sorted(set(ids) - frame)
+
+    def collate(self, examples: Sequence[Example], extra_pad: int = 0,
+                scramble: random.Random | None = None) -> Batch:
+        """Left-pad prompts to a common length (+ ``extra_pad``) and append the answers.
+
+        ``scramble``: copy-task rows get every token of their list (brackets and separators
+        included) replaced by random name-pool tokens, identically in the prompt and the
+        answer. A warm-up curriculum: with nothing predictable from position inside the list,
+        the only way to lower the loss is to copy, which forms the copying circuit that every
+        Waiting Line task needs (plain data sits on a plateau for thousands of steps).
+        """
         prompts = [self.codec.encode(task, record) for task, record in examples]
         answers = [self.answer_ids(record) for _, record in examples]
+        if scramble is not None:
+            pool = self._pool = getattr(self, "_pool", None) or self.scramble_pool()
+            for (task, _), prompt, answer in zip(examples, prompts, answers, strict=True):
+                if task.rsplit("/", 1)[-1] == "copy":
+                    _scramble_copy(prompt, answer, self.eos_id, pool, scramble)
         p = max(len(x) for x in prompts) + extra_pad
         b, g = len(examples), self.gen_length
         tokens = torch.full((b, p + g), self.pad_id, dtype=torch.long)

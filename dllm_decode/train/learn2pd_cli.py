@@ -45,10 +45,11 @@ def read_prompts(path: str | Path) -> list[list[int]]:
     return out
 
 
-def task_prompts(model_dir: Path, n: int, seed: int = 0,
-                 tasks: Sequence[str] | None = None) -> list[list[int]]:
+def task_prompts(model_dir: Path, n: int, seed: int = 0, tasks: Sequence[str] | None = None,
+                 icl_examples: int = 1) -> list[list[int]]:
     """``n`` prompts from generated ParallelBench tasks (train split), encoded with the
-    tokenizer in ``model_dir`` (round-robin over ``tasks``, default every generator task)."""
+    tokenizer in ``model_dir`` (round-robin over ``tasks``, default every generator task), with
+    ``icl_examples`` demonstrations each (0 for the zero-shot bundled tiny checkpoints)."""
     try:
         from dllm_decode.eval.parallelbench.codec import TokenizerCodec
         from dllm_decode.eval.parallelbench.generate import TASKS, generate_task, split_seed
@@ -62,8 +63,8 @@ def task_prompts(model_dir: Path, n: int, seed: int = 0,
     codec = TokenizerCodec(AutoTokenizer.from_pretrained(str(model_dir)))
     names = list(tasks or TASKS)
     per = -(-n // len(names))
-    records = {t: generate_task(t, per, split_seed(t, "train") + seed, split="train")
-               for t in names}
+    records = {t: generate_task(t, per, split_seed(t, "train") + seed, split="train",
+                                icl_examples=icl_examples) for t in names}
     order = [(t, i) for i in range(per) for t in names][:n]
     return [codec.encode(t, records[t][i]) for t, i in order]
 
@@ -79,6 +80,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     src.add_argument("--samples", help="reuse EGP samples saved by an earlier run")
     a("--tasks", nargs="*", default=None, help="task names for --task-generator")
     a("--n-prompts", type=int, default=None, help="cap on the number of prompts")
+    a("--icl-examples", type=int, default=1,
+      help="demonstrations per --task-generator prompt (bundled tiny checkpoints: 0)")
     a("--gen-length", type=int, default=256)
     a("--block-length", type=int, default=32)
     a("--steps", type=int, default=None, help="reference decode steps (default: gen length)")
@@ -108,7 +111,8 @@ def run(args: argparse.Namespace) -> int:
         samples, stats = L2PSamples.load(args.samples), {"samples_from": args.samples}
     else:
         prompts = (read_prompts(args.prompts) if args.prompts else
-                   task_prompts(directory, args.n_prompts or 64, args.seed, args.tasks))
+                   task_prompts(directory, args.n_prompts or 64, args.seed, args.tasks,
+                                args.icl_examples))
         prompts = prompts[:args.n_prompts] if args.n_prompts else prompts
         fits = [p for p in prompts if len(p) + args.gen_length <= model.max_length]
         if not fits:

@@ -163,6 +163,7 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
         raise FileExistsError(f"{ckpt} exists: pass --resume to continue, or a new --out")
     tok = load_tokenizer(cfg.tokenizer or None)
     data = TaskData(tok, cfg.task_list, cfg.gen_length, cfg.icl_examples)
+    warm_data = TaskData(tok, ["waiting_line/copy"], cfg.gen_length, cfg.icl_examples)
     model = build_tiny_model(cfg, len(tok), tok.mask_token_id, data.eos_id, data.pad_id)
     model.to(cfg.device)
     opt = make_optimizer(model, cfg)
@@ -191,10 +192,14 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
         for group in opt.param_groups:
             group["lr"] = lr
         cur_max = max_items_at(step, cfg.steps, cfg.min_items, cfg.max_items, cfg.curriculum)
-        examples = data.draw(cfg.seed, step, cfg.batch_size, cfg.min_items, cur_max)
+        warm = step < cfg.scramble_steps
+        examples = (warm_data.draw(cfg.seed, step, cfg.batch_size, cfg.scramble_items,
+                                   cfg.scramble_items) if warm else
+                    data.draw(cfg.seed, step, cfg.batch_size, cfg.min_items, cur_max))
         jitter = random.Random(f"{cfg.seed}:{step}:align").randrange(cfg.block_size) \
             if cfg.family == "sdar" else 0
-        batch = data.collate(examples, extra_pad=jitter).to(cfg.device)
+        scramble = random.Random(f"{cfg.seed}:{step}:scramble") if warm else None
+        batch = data.collate(examples, extra_pad=jitter, scramble=scramble).to(cfg.device)
         res = diffusion_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
                              cfg.ar_fraction)
         opt.zero_grad(set_to_none=True)
