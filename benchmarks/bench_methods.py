@@ -4,10 +4,10 @@
 S2D2: Han et al., arXiv 2603.25702. Window-Diffusion: Zuo et al., arXiv 2601.20332.
 
 Models: the bundled trained checkpoints ``tiny-sdar`` / ``tiny-llada`` when they exist under
-``dllm_decode/models/assets`` (then also exact-match accuracy on generated held-out Waiting Line
-tasks); otherwise tiny **random-weight** models, whose rows are labelled ``plumbing-only``:
-they exercise the code paths and count forwards, but accuracy, acceptance rates and how often
-thresholds fire say nothing about a trained model.
+``dllm_decode/models/assets``, otherwise tiny **random-weight** models, whose rows are labelled
+``plumbing-only``. This script measures speed and forwards at long generation lengths on
+synthetic prompts; accuracy per task on held-out prompts comes from the grids
+``benchmarks/grids/methods_tiny.yaml`` / ``methods_sdar.yaml`` through ``bench_policies.py``.
 
 Timing follows ``dllm_decode.bench``: one thread, thread CPU time, warm-up excluded,
 p20/p50/p80 over repeats. Rows use the ``dllm_decode.bench.HEADER`` schema.
@@ -79,34 +79,10 @@ def _model(family: str) -> tuple[Any, str]:
     return build_model(RANDOM[family], seed=0, init_std=0.05), f"random-{family}(plumbing-only)"
 
 
-def _accuracy(model: Any, sampler: DiffusionSampler, gen_length: int, size: int) -> float:
-    """Exact match on generated held-out Waiting Line records (trained checkpoints only)."""
-    from dllm_decode.eval.parallelbench.tasks import task_spec
-    from dllm_decode.tokenizer import load_tokenizer
-    from dllm_decode.train.config import WAITING_LINE
-    from dllm_decode.train.data import TaskData
-
-    data = TaskData(load_tokenizer(), WAITING_LINE, gen_length)
-    examples = data.eval_examples(size, 2, 6, seed=1234)
-    prompts = [data.codec.encode(task, record) for task, record in examples]
-    width = max(len(p) for p in prompts)
-    width += (-width) % (model.block_size or 1)
-    ids = torch.full((len(prompts), width), data.pad_id, dtype=torch.long)
-    attn = torch.zeros_like(ids)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(p)
-        attn[i, width - len(p):] = 1
-    out = sampler.generate(ids, attn, gen_length=gen_length)
-    scores = [float(task_spec(task).grade(data.codec.decode(ans), rec)["score"])
-              for (task, rec), ans in zip(examples, out.answer.tolist(), strict=True)]
-    return sum(scores) / len(scores)
-
-
 def run_suite(family: str, cases: list[Case], *, batch: int, prompt: int, gen: int,
-              repeats: int, accuracy_size: int) -> list[dict[str, Any]]:
+              repeats: int) -> list[dict[str, Any]]:
     """Benchmark rows for ``cases`` on the family's model (``HEADER`` schema)."""
     model, name = _model(family)
-    trained = not name.endswith("(plumbing-only)")
     env = environment()
     torch.set_num_threads(1)
     vocab = model.vocab_size
@@ -139,9 +115,6 @@ def run_suite(family: str, cases: list[Case], *, batch: int, prompt: int, gen: i
             metrics += [("verify_rate", "verifications/step", verified / max(out.steps * batch, 1)),
                         ("accepted_per_verify", "drafts/verification",
                          float(mem.accepted.sum()) / max(verified, 1.0))]
-        if trained and accuracy_size:
-            metrics.append(("exact_match", "fraction", _accuracy(model, sampler, gen,
-                                                                 accuracy_size)))
         base = dict(suite="methods", name=name, provider="torch", policy=case.label,
                     cache=sampler.config.cache.value, B=batch, P=prompt, G=gen,
                     K=model.block_size or gen, V=vocab, device=env.device, torch=env.torch,
@@ -160,20 +133,16 @@ def main() -> None:
     ap.add_argument("--sdar-gen-length", type=int, default=64)
     ap.add_argument("--llada-gen-length", type=int, default=256)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--accuracy-size", type=int, default=40,
-                    help="held-out records for exact match (trained checkpoints only)")
     ap.add_argument("--out", type=Path, default=RESULTS / "methods.csv")
     args = ap.parse_args()
     rows = run_suite("sdar", SDAR_CASES, batch=args.batch, prompt=args.prompt_length,
-                     gen=args.sdar_gen_length, repeats=args.repeats,
-                     accuracy_size=args.accuracy_size)
+                     gen=args.sdar_gen_length, repeats=args.repeats)
     rows += run_suite("llada", LLADA_CASES, batch=args.batch, prompt=args.prompt_length,
-                      gen=args.llada_gen_length, repeats=args.repeats,
-                      accuracy_size=args.accuracy_size)
+                      gen=args.llada_gen_length, repeats=args.repeats)
     write_csv(rows, args.out)
     for r in rows:
         if r["metric"] in ("end_to_end", "forwards", "tpf", "agreement", "accepted_per_verify",
-                           "exact_match"):
+                           "verify_rate"):
             print(f"{r['name']:>28} {r['policy']:>28} {r['metric']:>20}: {r['p50']:.4g} "
                   f"{r['unit']}")
     print(f"rows appended to {args.out}")

@@ -49,7 +49,12 @@ def summarise(rows_path: Path) -> list[dict]:
     for line in rows_path.read_text().splitlines():
         row = json.loads(line)
         cfg = row["config"]
-        key = (cfg["policy"], json.dumps(cfg["params"], sort_keys=True), cfg["steps"], row["task"])
+        params = dict(cfg["params"])
+        if cfg.get("cache", "none") != "none":
+            params["cache"] = cfg["cache"]
+        if cfg.get("block_length") not in (None, cfg.get("gen_length")):
+            params["block"] = cfg["block_length"]
+        key = (cfg["policy"], json.dumps(params, sort_keys=True), cfg["steps"], row["task"])
         groups[key].append(row)
     out = []
     for (policy, params, steps, task), rows in sorted(groups.items()):

@@ -209,3 +209,46 @@ def test_two_stream_logits_equal_blockwise_inference(block: int) -> None:
             inf = model(canvas, cpos, mask=block_causal_mask(cpos, cpos, block))
             lo = max(b0, P)
             assert torch.allclose(train_logits[:, lo - P:b1 - P], inf[:, lo:b1], atol=1e-5)
+
+
+def test_semi_ar_masks_clean_prefix_block_and_masked_suffix() -> None:
+    from dllm_decode.train.objectives import semi_ar_masks
+
+    gen = torch.Generator().manual_seed(3)
+    rows = torch.tensor([True, True, True, False])
+    p = torch.full((4,), 0.5)
+    masked, scored = semi_ar_masks((4, 16), p, rows, 4, gen)
+    assert not masked[3].any() and not scored[3].any()
+    for r in range(3):
+        m = masked[r].tolist()
+        cut = next((i for i, x in enumerate(m) if x), 16)
+        assert not any(m[:cut])  # clean answer prefix
+        assert all(m[min(cut + 4, 16):])  # masked suffix after the block
+        assert scored[r, cut + 4:].sum() == 0 and (scored[r] <= masked[r]).all()
+
+
+def test_semi_ar_rows_score_only_their_block() -> None:
+    model = Recorder()
+    batch = make_batch(b=8)
+    out = masked_diffusion_loss(model, batch, torch.Generator().manual_seed(0), semi_ar=1.0)
+    tokens = model.fed[0][0][:, P:]
+    masked = tokens == MASK
+    assert int(out.masked) <= 4 * 8  # one block of <= 4 scored tokens per row
+    for row in masked.tolist():
+        first = row.index(True) if True in row else len(row)  # late cut, block drew no mask
+        assert all(row[first + 4:])  # after the block: the masked suffix
+    plain = masked_diffusion_loss(Recorder(), batch, torch.Generator().manual_seed(0))
+    again = masked_diffusion_loss(Recorder(), batch, torch.Generator().manual_seed(0),
+                                  semi_ar=0.0)
+    assert torch.equal(plain.loss, again.loss)
+
+
+def test_block_objective_warm_starts_a_bidirectional_model() -> None:
+    model = tiny("llada")
+    batch = make_batch()
+    with pytest.raises(ValueError, match="block_size"):
+        block_diffusion_loss(model, batch, torch.Generator().manual_seed(0))
+    out = block_diffusion_loss(model, batch, torch.Generator().manual_seed(0), block_size=4)
+    out.loss.backward()
+    assert math.isfinite(float(out.loss)) and int(out.masked) > 0
+    assert model.layers[0].attn.q_proj.weight.grad.abs().sum() > 0

@@ -68,6 +68,10 @@ class TrainConfig:
     tie_embeddings: bool = _f(False, "share the input embedding and the LM head while training "
                                      "(copying names becomes a pass-through); exported untied")
     block_size: int = _f(4, "sdar: block size of block-causal attention")
+    bd_warmup_steps: int = _f(0, "llada/dream: first steps trained with the block-diffusion "
+                                 "(two-stream, --block-size, --ar-fraction) objective")
+    semi_ar: float = _f(0.0, "llada/dream: fraction of rows with a clean answer prefix, a "
+                             "partly masked block of --block-size and a masked suffix")
     ar_fraction: float = _f(0.25, "sdar: share of steps trained in block-size-1 (AR) mode")
     log_every: int = _f(10, "steps between loss.csv rows")
     eval_every: int = _f(500, "steps between held-out evaluations (0: only at the end)")
@@ -95,6 +99,7 @@ class TrainConfig:
         need(0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}")
         need(0 <= self.curriculum <= 1, f"curriculum must be in [0, 1], got {self.curriculum}")
         need(0 <= self.ar_fraction < 1, f"ar_fraction must be in [0, 1), got {self.ar_fraction}")
+        need(0 <= self.semi_ar <= 1, f"semi_ar must be in [0, 1], got {self.semi_ar}")
         need(self.hidden % self.heads == 0 and (self.hidden // self.heads) % 2 == 0,
              f"hidden ({self.hidden}) / heads ({self.heads}) must be an even integer")
         need(self.heads % self.kv_heads_resolved == 0,
@@ -102,8 +107,8 @@ class TrainConfig:
         need(self.export_dtype in ("float16", "float32"),
              f"export_dtype must be float16 or float32, got {self.export_dtype!r}")
         need(self.threads >= 0 and self.eval_every >= 0 and self.icl_examples >= 0
-             and self.scramble_steps >= 0,
-             "threads, eval_every, icl_examples and scramble_steps must be >= 0")
+             and self.scramble_steps >= 0 and self.bd_warmup_steps >= 0,
+             "threads, eval_every, icl_examples, scramble_steps, bd_warmup_steps must be >= 0")
         need(bool(self.task_list), "tasks must name at least one task")
 
     @property

@@ -68,7 +68,7 @@ def mask_answer(answer: Tensor, p: Tensor, mask_id: int,
 
 
 def weighted_ce(logits: Tensor, targets: Tensor, masked: Tensor, p: Tensor,
-                content: Tensor) -> LossOutput:
+                content: Tensor, norm: Tensor | None = None) -> LossOutput:
     """``mean_b sum_i masked * CE / p_b / G`` and accuracy counts.
 
     Args:
@@ -77,11 +77,12 @@ def weighted_ce(logits: Tensor, targets: Tensor, masked: Tensor, p: Tensor,
         masked: ``[B, G]`` bool, positions that were masked.
         p: ``[B]`` mask probabilities (the 1/p importance weights).
         content: ``[B, G]`` bool, answer text positions (for the content accuracy).
+        norm: optional ``[B]`` per-row normaliser instead of ``G``.
     """
     b, g, v = logits.shape
     ce = F.cross_entropy(logits.float().reshape(b * g, v), targets.reshape(-1),
                          reduction="none").view(b, g)
-    loss = ((ce * masked) / p[:, None]).sum(1).div(g).mean()
+    loss = ((ce * masked) / p[:, None]).sum(1).div(g if norm is None else norm).mean()
     with torch.no_grad():
         hit = (logits.argmax(-1) == targets) & masked
         return LossOutput(loss, hit.sum(), masked.sum(), (hit & content).sum(),
@@ -107,17 +108,52 @@ def _rates(batch: Batch, eps: float, generator: torch.Generator, rate: float | N
     return mask_rate(b, eps, generator, device)
 
 
+def semi_ar_masks(shape: tuple[int, int], p: Tensor, rows: Tensor, block: int,
+                  generator: torch.Generator) -> tuple[Tensor, Tensor]:
+    """Masks of the semi-autoregressive rows: a random cut ``c`` per row; answer positions
+    before ``c`` stay clean, ``[c, c + block)`` are masked with probability ``p`` and
+    everything after is masked. Returns ``(masked, scored)``: ``[B, G]`` bool each; only the
+    block's masked positions are scored (the BD3-LM / SDAR noisy-block term, seen by a
+    bidirectional model with the unknown suffix present as masks).
+
+    rows: ``[B]`` bool, which rows use this scheme (the others get an all-False pair).
+    """
+    b, g = shape
+    pos = torch.arange(g)[None]
+    cut = (torch.rand(b, generator=generator) * g).long()[:, None]
+    u = torch.rand(b, g, generator=generator)
+    block_pos = (pos >= cut) & (pos < cut + block)
+    masked = ((block_pos & (u < p.cpu()[:, None])) | (pos >= cut + block)) & rows.cpu()[:, None]
+    return masked, masked & block_pos
+
+
 def masked_diffusion_loss(model: DecoderLM, batch: Batch, generator: torch.Generator,
-                          eps: float = 1e-3, rate: float | None = None) -> LossOutput:
+                          eps: float = 1e-3, rate: float | None = None,
+                          semi_ar: float = 0.0, semi_ar_block: int = 4) -> LossOutput:
     """The LLaDA / Dream objective on one batch (see the module docstring).
 
     ``rate`` fixes the mask probability of every row (evaluation; 1.0 masks the whole answer).
+    ``semi_ar``: the fraction of rows trained with :func:`semi_ar_masks` instead (a clean
+    answer prefix, a partly masked block of ``semi_ar_block`` tokens, a masked suffix): the
+    visible left context is what lets a small model learn to copy quickly; LLaDA's semi-AR
+    block decoding sees exactly such canvases.
     """
     p = _rates(batch, eps, generator, rate)
     noisy, masked = mask_answer(batch.answer, p, model.mask_token_id, generator)
+    scored, norm = masked, None
+    if semi_ar > 0 and rate is None:
+        rows = torch.rand(p.shape[0], generator=generator) < semi_ar
+        ar_masked, ar_scored = semi_ar_masks(tuple(batch.answer.shape), p, rows,
+                                             semi_ar_block, generator)
+        rows, ar_masked, ar_scored = (x.to(p.device) for x in (rows, ar_masked, ar_scored))
+        masked = torch.where(rows[:, None], ar_masked, masked)
+        scored = torch.where(rows[:, None], ar_scored, masked)
+        noisy = batch.answer.masked_fill(masked, model.mask_token_id)
+        g = batch.answer.shape[1]  # a block row is normalised by the block, not by G
+        norm = torch.where(rows, float(min(semi_ar_block, g)), float(g))
     tokens = torch.cat([batch.tokens[:, :batch.prompt_length], noisy], dim=1)
     logits = answer_logits(model, tokens, batch.valid, batch.prompt_length)
-    return weighted_ce(logits, batch.answer, masked, p, batch.content)
+    return weighted_ce(logits, batch.answer, scored, p, batch.content, norm)
 
 
 def two_stream_mask(positions: Tensor, valid: Tensor, start: int, block_size: int) -> Tensor:
@@ -144,19 +180,25 @@ def two_stream_mask(positions: Tensor, valid: Tensor, start: int, block_size: in
 
 def block_diffusion_loss(model: DecoderLM, batch: Batch, generator: torch.Generator,
                          eps: float = 1e-3, ar_fraction: float = 0.0,
-                         rate: float | None = None) -> LossOutput:
+                         rate: float | None = None,
+                         block_size: int | None = None) -> LossOutput:
     """The block-diffusion objective (two streams; see the module docstring).
 
     With probability ``ar_fraction`` the step runs in block-size-1 mode with every answer
     token masked (``p = 1``): the causal-LM objective. ``rate`` fixes the mask probability
     (evaluation; 1.0 masks whole blocks, each predicted from the clean blocks before it).
+    ``block_size`` overrides the model's: a bidirectional model trained this way for a while
+    (the attention pattern is just a mask) learns to copy far faster than under uniform
+    masking; its weights then warm-start the masked-diffusion objective.
     """
-    if model.block_size is None:
-        raise ValueError("block_diffusion_loss needs a block-causal model (block_size set)")
+    block_size = block_size or model.block_size
+    if block_size is None:
+        raise ValueError("block_diffusion_loss needs a block-causal model (block_size set) "
+                         "or an explicit block_size")
     b, length = batch.tokens.shape
     device = batch.tokens.device
     ar = bool(torch.rand((), generator=generator) < ar_fraction)
-    block = 1 if ar else model.block_size
+    block = 1 if ar else block_size
     if ar:
         p = torch.ones(b, device=device)
         masked = torch.ones_like(batch.answer, dtype=torch.bool)
@@ -178,8 +220,10 @@ def block_diffusion_loss(model: DecoderLM, batch: Batch, generator: torch.Genera
 
 def diffusion_loss(model: DecoderLM, batch: Batch, generator: torch.Generator,
                    eps: float = 1e-3, ar_fraction: float = 0.0,
-                   rate: float | None = None) -> LossOutput:
-    """The family's objective: block diffusion for block-causal models, else masked diffusion."""
+                   rate: float | None = None, semi_ar: float = 0.0,
+                   semi_ar_block: int = 4) -> LossOutput:
+    """The family's objective: block diffusion for block-causal models, else masked diffusion
+    (``semi_ar`` / ``semi_ar_block``: see :func:`masked_diffusion_loss`)."""
     if model.attention == "block_causal":
         return block_diffusion_loss(model, batch, generator, eps, ar_fraction, rate)
-    return masked_diffusion_loss(model, batch, generator, eps, rate)
+    return masked_diffusion_loss(model, batch, generator, eps, rate, semi_ar, semi_ar_block)

@@ -34,7 +34,7 @@ from dllm_decode.tokenizer import load_tokenizer
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_args
 from dllm_decode.train.data import TaskData, max_items_at
 from dllm_decode.train.evaluate import evaluate, export_model
-from dllm_decode.train.objectives import diffusion_loss
+from dllm_decode.train.objectives import block_diffusion_loss, diffusion_loss
 
 LOSS_COLUMNS = ("step", "loss", "acc", "acc_content", "lr", "max_items", "wall_s")
 #: config fields that may change when resuming (everything else must match the checkpoint)
@@ -200,8 +200,13 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
             if cfg.family == "sdar" else 0
         scramble = random.Random(f"{cfg.seed}:{step}:scramble") if warm else None
         batch = data.collate(examples, extra_pad=jitter, scramble=scramble).to(cfg.device)
-        res = diffusion_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
-                             cfg.ar_fraction)
+        if step < cfg.bd_warmup_steps and model.attention != "block_causal":
+            res = block_diffusion_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
+                                       cfg.ar_fraction, block_size=cfg.block_size)
+        else:
+            res = diffusion_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
+                                 cfg.ar_fraction, semi_ar=cfg.semi_ar,
+                                 semi_ar_block=cfg.block_size)
         opt.zero_grad(set_to_none=True)
         res.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
