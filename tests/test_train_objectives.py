@@ -252,3 +252,29 @@ def test_block_objective_warm_starts_a_bidirectional_model() -> None:
     out.loss.backward()
     assert math.isfinite(float(out.loss)) and int(out.masked) > 0
     assert model.layers[0].attn.q_proj.weight.grad.abs().sum() > 0
+
+
+def test_causal_lm_loss_predicts_each_answer_token_from_its_left_context() -> None:
+    from dllm_decode.train.objectives import causal_lm_loss
+
+    model = tiny("dream").eval()
+    batch = make_batch()
+    captured = []
+    real = model.forward
+
+    def spy(tokens, positions, **kw):
+        out = real(tokens, positions, **kw)
+        captured.append(out)
+        return out
+
+    model.forward = spy
+    out = causal_lm_loss(model, batch)
+    assert int(out.masked) == batch.answer.numel()
+    changed = batch.tokens.clone()
+    changed[:, P + 3] = (changed[:, P + 3] + 1 - 3) % (V - 3) + 3
+    causal_lm_loss(model, replace(batch, tokens=changed))
+    a, b = captured
+    assert torch.allclose(a[:, :4], b[:, :4])  # rows <= 3 never see answer token 3
+    assert not torch.allclose(a[:, 4:], b[:, 4:])
+    with pytest.raises(ValueError, match="AR-shifted"):
+        causal_lm_loss(tiny("llada"), batch)

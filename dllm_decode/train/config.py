@@ -68,8 +68,9 @@ class TrainConfig:
     tie_embeddings: bool = _f(False, "share the input embedding and the LM head while training "
                                      "(copying names becomes a pass-through); exported untied")
     block_size: int = _f(4, "sdar: block size of block-causal attention")
-    bd_warmup_steps: int = _f(0, "llada/dream: first steps trained with the block-diffusion "
-                                 "(two-stream, --block-size, --ar-fraction) objective")
+    bd_warmup_steps: int = _f(0, "llada/dream: first steps trained autoregressively: llada "
+                                 "with the block-diffusion objective (two streams, "
+                                 "--block-size, --ar-fraction), dream as a causal LM")
     semi_ar: float = _f(0.0, "llada/dream: fraction of rows with a clean answer prefix, a "
                              "partly masked block of --block-size and a masked suffix")
     ar_fraction: float = _f(0.25, "sdar: share of steps trained in block-size-1 (AR) mode")

@@ -218,6 +218,29 @@ def block_diffusion_loss(model: DecoderLM, batch: Batch, generator: torch.Genera
     return weighted_ce(logits, batch.answer, masked, p, batch.content)
 
 
+def causal_lm_loss(model: DecoderLM, batch: Batch) -> LossOutput:
+    """Next-token prediction on the answer with a causal mask (AR-shifted models only).
+
+    For a Dream-style model ``logits[:, j]`` comes from the hidden state at ``j - 1``; under a
+    causal mask that state has seen exactly the tokens before ``j``, so this is the plain
+    causal-LM loss — the AR initialisation Dream itself starts from (Ye et al., arXiv
+    2508.15487) — and the warm-up that forms the copying circuit before masked diffusion.
+    """
+    if not model.logit_shift:
+        raise ValueError("causal_lm_loss needs an AR-shifted model (Dream); position-aligned "
+                         "models use block_diffusion_loss(..., block_size=1)")
+    positions = model.rope_positions(batch.valid)
+    n = batch.tokens.shape[1]
+    causal = torch.ones(n, n, dtype=torch.bool, device=batch.tokens.device).tril()
+    mask = (causal[None] & batch.valid[:, None, :]) | torch.eye(
+        n, dtype=torch.bool, device=batch.tokens.device)[None]
+    rows = torch.arange(batch.prompt_length, n, device=batch.tokens.device)
+    logits = model(batch.tokens, positions, mask=mask, hidden_rows=rows)
+    every = torch.ones_like(batch.answer, dtype=torch.bool)
+    p = torch.ones(batch.tokens.shape[0], device=batch.tokens.device)
+    return weighted_ce(logits, batch.answer, every, p, batch.content)
+
+
 def diffusion_loss(model: DecoderLM, batch: Batch, generator: torch.Generator,
                    eps: float = 1e-3, ar_fraction: float = 0.0,
                    rate: float | None = None, semi_ar: float = 0.0,
