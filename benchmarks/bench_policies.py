@@ -82,11 +82,10 @@ def table(summary: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def _config_name(policy: str, params: str, steps: int, gen_length: int = 32) -> str:
+def _config_name(policy: str, params: str, steps: int | None, gen_length: int = 32) -> str:
     extra = ", ".join(f"{k}={v}" for k, v in json.loads(params).items())
-    if extra:
-        return f"{policy} ({extra})"
-    return f"{policy}, {gen_length // steps if steps else '?'} tok/step"
+    name = f"{policy}, {gen_length // steps} tok/step" if steps else policy
+    return f"{name} ({extra})" if extra else name
 
 
 def per_task_table(summary: list[dict]) -> str:

@@ -44,17 +44,18 @@ def load_model_and_tokenizer(name: str | None, seed: int = 0) -> tuple[Any, Any,
     path = resolve_path(name or DEFAULT_MODEL)
     model = load_model(path)
     if (path / "tokenizer.json").is_file():
-        from transformers import AutoTokenizer
+        from dllm_decode.tokenizer import load_tokenizer
 
-        return model, AutoTokenizer.from_pretrained(str(path)), str(path)
+        return model, load_tokenizer(path), str(path)
     return model, ByteTokenizer(model.vocab_size), str(path)
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """Chat template when the tokenizer has one, else plain encoding."""
     if getattr(tokenizer, "chat_template", None):
-        return list(tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                  add_generation_prompt=True, tokenize=True))
+        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}],
+                                                 add_generation_prompt=True, tokenize=False)
+        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
     return list(tokenizer.encode(text))
 
 
