@@ -309,11 +309,12 @@ def test_presets(tmp_path) -> None:
     out = DiffusionSampler(LLADA, composed, gen_length=16, block_length=8, debug=True).generate(
         _prompt(1, 3))
     assert (out.answer != MASK).all()
-    with pytest.warns(UserWarning, match="no trained filter"):
-        bare = make_policy("learn2pd")
+    bare = make_policy("learn2pd")
     prompt = _prompt(1, 3)
     kw = dict(gen_length=16, block_length=8)
-    assert torch.equal(DiffusionSampler(LLADA, bare, **kw).generate(prompt).tokens,
+    with pytest.warns(UserWarning, match="no trained filter"):  # bound to a model: none found
+        out = DiffusionSampler(LLADA, bare, **kw).generate(prompt)
+    assert torch.equal(out.tokens,
                        DiffusionSampler(LLADA, "low_confidence", **kw).generate(prompt).tokens)
     assert EoTP().bind(LLADA) == EoTP((EOS,))
 
@@ -331,3 +332,15 @@ def test_bundled_filter_is_found_by_fingerprint(tmp_path, monkeypatch) -> None:
     assert pol.selector.accept_thres == 0.7 and pol.selector.fingerprint.family == "llada"
     assert pol.selector.fingerprint == ModelFingerprint.of(LLADA)
     assert l2p.find_bundled_filter(tiny_model("llada", seed=10)) is None
+
+
+def test_bundled_checkpoint_binds_its_shipped_filter() -> None:
+    from dllm_decode.models.loading import bundled_models, load_model
+
+    if "tiny-llada" not in bundled_models():
+        pytest.skip("no bundled tiny-llada checkpoint")
+    model = load_model("tiny-llada")
+    pol = make_policy("learn2pd")  # no filter given: the sampler's bind finds the shipped one
+    bound = pol.selector.bind(model, DiffusionSampler(model, pol, gen_length=32).config)
+    assert bound.filter is not None and bound.fingerprint is not None
+    assert bound.block_length == 32 and bound.feature == "llada_prob_all"

@@ -155,7 +155,7 @@ class Learn2PD:
         """Check the filter against the model (and the config's block length); a copy of the
         filter is moved to the model's device if needed."""
         if self.filter is None:
-            return self
+            return self._bind_bundled(model, cfg)
         if self.fingerprint is not None:
             diff = self.fingerprint.differences(ModelFingerprint.of(model))
             if diff:
@@ -170,6 +170,22 @@ class Learn2PD:
         if isinstance(self.filter, nn.Module) and model_device(self.filter) != device:
             return replace(self, filter=copy.deepcopy(self.filter).to(device))
         return self
+
+    def _bind_bundled(self, model: Any, cfg: Any) -> Learn2PD:
+        """No filter given: use the one shipped beside a bundled checkpoint whose fingerprint
+        matches ``model`` (``models/assets/<name>/learn2pd_k<K>``), else warn and fall back."""
+        k = None
+        if cfg is not None and getattr(model, "attention", "") != "block_causal":
+            k = cfg.block_length or cfg.gen_length
+        found = find_bundled_filter(model, k)
+        if found is None:
+            warnings.warn("learn2pd: no trained filter (pass filter=PATH, or ship learn2pd_k{K} "
+                          "beside the checkpoint); the filter never fires and only the top-k "
+                          "fallback commits", stacklevel=4)
+            return self
+        card = found.card
+        return replace(self, filter=found.module, feature=card.feature,
+                       fingerprint=card.fingerprint).bind(model, cfg)
 
     def accepted(self, state: StepState) -> Tensor:
         """``[B, L]`` bool: eligible positions the filter accepts this step."""
@@ -318,10 +334,6 @@ def learn2pd_policy(filter: Any = None, *, for_model: Any = None, accept_thres: 
             check_fingerprint(card, for_model)
     if isinstance(filter, nn.Module) and for_model is not None:
         filter = filter.to(model_device(for_model))
-    if filter is None:
-        warnings.warn("learn2pd: no trained filter (pass filter=PATH, or for_model=MODEL with a "
-                      "bundled filter); the filter never fires and only the top-k fallback "
-                      "commits", stacklevel=3)
     thres = accept_thres if accept_thres is not None else (
         card.accept_threshold if card else DEFAULT_ACCEPT_THRES)
     sel = Learn2PD(filter=filter, accept_thres=thres, feature=card.feature if card else
