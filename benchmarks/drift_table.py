@@ -41,13 +41,13 @@ def main() -> None:
     ap.add_argument("--block-length", type=int, default=8)
     ap.add_argument("--out", type=Path, default=RESULTS / "drift.csv")
     args = ap.parse_args()
-    ids, _ = prompts(args.per_task)
+    ids, attn = prompts(args.per_task)
     rows = []
     for name in args.models:
         model = load_model(name).float()
         for mode in args.modes:
             for row in range(ids.shape[0]):  # one row at a time: no padding in the comparison
-                keep = ids[row] != load_tokenizer().pad_token_id
+                keep = attn[row].bool()
                 res = measure_drift(model, ids[row:row + 1, keep], mode=mode,
                                     gen_length=args.gen_length, block_length=args.block_length)
                 rows.append(dict(model=name, mode=mode, prompt=row, **res))

@@ -30,13 +30,7 @@ from tests.helpers import EOS, MASK, tiny_model
 LLADA = tiny_model("llada", seed=3)
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny CPU workloads: one intra-op thread avoids oversubscribing the shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _prompt(b: int, p: int, seed: int = 0) -> Tensor:

@@ -34,13 +34,7 @@ from tests.helpers import EOS, MASK, tiny_model
 K = 8
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    """Tiny CPU workloads: one intra-op thread avoids oversubscribing the shared cores."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def _prompts(n: int, seed: int, lengths: tuple[int, ...] = (3, 5, 7)) -> list[list[int]]:

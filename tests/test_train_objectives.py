@@ -32,13 +32,7 @@ def tiny(family: str, **kw) -> torch.nn.Module:
     return build_tiny_model(cfg, V, MASK, EOS, PAD)
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny shapes run fastest (and steadiest on a shared machine) on one thread."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def make_batch(b: int = 4, seed: int = 0, pad_rows: int = 1) -> Batch:

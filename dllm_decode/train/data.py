@@ -97,6 +97,7 @@ class TaskData:
         self.icl_examples = icl_examples
         self.eos_id = self.codec.eos_token_ids[0]
         self.pad_id = self.codec.pad_token_id
+        self._pool: list[int] | None = None  # scramble_pool(), built on first use
 
     def answer_ids(self, record: Mapping[str, Any]) -> list[int]:
         """Reference answer ids + EOS, EOS-padded to ``G``.
@@ -135,7 +136,9 @@ class TaskData:
         prompts = [self.codec.encode(task, record) for task, record in examples]
         answers = [self.answer_ids(record) for _, record in examples]
         if scramble is not None:
-            pool = self._pool = getattr(self, "_pool", None) or self.scramble_pool()
+            if self._pool is None:
+                self._pool = self.scramble_pool()
+            pool = self._pool
             for (task, _), prompt, answer in zip(examples, prompts, answers, strict=True):
                 if task.rsplit("/", 1)[-1] == "copy":
                     _scramble_copy(prompt, answer, self.eos_id, pool, scramble)

@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dllm_decode.models.base import DecoderLM
+from dllm_decode.models.base import DecoderLM, block_causal_mask
 from dllm_decode.train.data import Batch
 
 
@@ -231,14 +231,28 @@ def causal_lm_loss(model: DecoderLM, batch: Batch) -> LossOutput:
                          "models use block_diffusion_loss(..., block_size=1)")
     positions = model.rope_positions(batch.valid)
     n = batch.tokens.shape[1]
-    causal = torch.ones(n, n, dtype=torch.bool, device=batch.tokens.device).tril()
-    mask = (causal[None] & batch.valid[:, None, :]) | torch.eye(
+    causal = block_causal_mask(positions, positions, 1)  # block size 1 = causal
+    mask = (causal & batch.valid[:, None, :]) | torch.eye(
         n, dtype=torch.bool, device=batch.tokens.device)[None]
     rows = torch.arange(batch.prompt_length, n, device=batch.tokens.device)
     logits = model(batch.tokens, positions, mask=mask, hidden_rows=rows)
     every = torch.ones_like(batch.answer, dtype=torch.bool)
     p = torch.ones(batch.tokens.shape[0], device=batch.tokens.device)
     return weighted_ce(logits, batch.answer, every, p, batch.content)
+
+
+def warmup_loss(model: DecoderLM, batch: Batch, generator: torch.Generator,
+                eps: float = 1e-3, ar_fraction: float = 0.0, block_size: int = 4) -> LossOutput:
+    """The autoregressive warm-up objective of the family (``--bd-warmup-steps``): a causal
+    LM for AR-shifted models (Dream), the two-stream block-diffusion objective with blocks of
+    ``block_size`` for other bidirectional models (LLaDA), and the family's own objective for
+    block-causal models (which already train this way)."""
+    if model.logit_shift:
+        return causal_lm_loss(model, batch)
+    if model.attention != "block_causal":
+        return block_diffusion_loss(model, batch, generator, eps, ar_fraction,
+                                    block_size=block_size)
+    return diffusion_loss(model, batch, generator, eps, ar_fraction)
 
 
 def diffusion_loss(model: DecoderLM, batch: Batch, generator: torch.Generator,

@@ -34,7 +34,7 @@ from dllm_decode.tokenizer import load_tokenizer
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_args
 from dllm_decode.train.data import TaskData, max_items_at
 from dllm_decode.train.evaluate import evaluate, export_model
-from dllm_decode.train.objectives import block_diffusion_loss, causal_lm_loss, diffusion_loss
+from dllm_decode.train.objectives import diffusion_loss, warmup_loss
 
 LOSS_COLUMNS = ("step", "loss", "acc", "acc_content", "lr", "max_items", "wall_s")
 #: config fields that may change when resuming (everything else must match the checkpoint)
@@ -200,11 +200,9 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
             if cfg.family == "sdar" else 0
         scramble = random.Random(f"{cfg.seed}:{step}:scramble") if warm else None
         batch = data.collate(examples, extra_pad=jitter, scramble=scramble).to(cfg.device)
-        if step < cfg.bd_warmup_steps and model.logit_shift:
-            res = causal_lm_loss(model, batch)
-        elif step < cfg.bd_warmup_steps and model.attention != "block_causal":
-            res = block_diffusion_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
-                                       cfg.ar_fraction, block_size=cfg.block_size)
+        if step < cfg.bd_warmup_steps:
+            res = warmup_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
+                              cfg.ar_fraction, block_size=cfg.block_size)
         else:
             res = diffusion_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
                                  cfg.ar_fraction, semi_ar=cfg.semi_ar,
