@@ -165,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) >= 2 and argv[0] == "train" and argv[1] in ("tiny", "learn2pd"):
+    if len(argv) >= 2 and argv[0] == "train" and argv[1] in ("tiny", "testbed", "learn2pd"):
         from dllm_decode.train.cli import run_train  # trainer flags pass through untouched
 
         return run_train(argv[1], argv[2:])

@@ -162,3 +162,22 @@ def test_chat_template_hooks(checkpoint: Path) -> None:
     chat = [{"role": "user", "content": "hi"}]
     assert lm.chat_template() and lm.tokenizer_name
     assert lm.apply_chat_template(chat) == "<|user|>\nhi<|endoftext|><|assistant|>\n"
+
+
+def test_zero_shot_pack_scores_the_bundled_model(offline: None) -> None:
+    """The ``*_0shot`` tasks render prompts as the bundled tiny checkpoints were trained
+    (no demonstration), so lm-eval scores above 0 on copy; the one-shot task is out of their
+    training format."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    manager = TaskManager(include_path=str(TASK_PACK), include_defaults=False)
+    task = "parallelbench_waiting_line_copy_0shot"
+    result = simple_evaluate(
+        model="dllm_decode", tasks=[task], limit=4,
+        model_args="pretrained=tiny-llada,doc_messages=true", task_manager=manager,
+        log_samples=True,
+    )  # fmt: skip
+    assert result["results"][task]["score,none"] > 0
+    prompts = [json.loads(s["doc"]["messages"]) for s in result["samples"][task]]
+    assert all(len(p) == 1 for p in prompts)  # one user turn: no demonstration

@@ -279,10 +279,14 @@ def run_grid(
 
 
 def load_records(
-    grid: Grid, data: str | Path | None = None, limit: int | None = None
+    grid: Grid, data: str | Path | None = None, limit: int | None = None,
+    *, testbed: bool = False,
 ) -> dict[str, list[dict[str, Any]]]:
     """Records per task: the released files (``source: official``; ``data`` overrides
     ``grid.data``) or clean-room sets from the held-out ``test`` split (``generated``).
+
+    ``testbed``: generated Waiting Line records over the word-level test bed's name pool and
+    list lengths (``dllm_decode.train.testbed``), for the ``testbed-*`` checkpoints.
 
     Raises:
         ValueError: no data directory for the official source, or a task the generator lacks.
@@ -300,6 +304,11 @@ def load_records(
         loaded = {}
         for task in grid.tasks:
             seed = split_seed(task, "test") + grid.data_seed
+            if testbed:
+                from dllm_decode.train.testbed import waiting_line_records
+
+                loaded[task] = waiting_line_records(task, grid.num_samples, seed)
+                continue
             loaded[task] = generate_task(task, grid.num_samples, seed, split="test",
                                          icl_examples=grid.icl_examples)
     return {task: records[:limit] for task, records in loaded.items()}
@@ -314,6 +323,17 @@ def _tokenizer_source(model: str, explicit: str | None) -> str:
         return str(resolve_path(model))
     except FileNotFoundError:
         return model  # a hub name
+
+
+def _testbed_codec(model: str) -> Any:
+    """The word-level codec of a test-bed checkpoint (``None`` for any other model)."""
+    from dllm_decode.models.loading import resolve_path
+    from dllm_decode.train.testbed import codec_for
+
+    try:
+        return codec_for(resolve_path(model))
+    except FileNotFoundError:
+        return None
 
 
 def run_sweep(args: Any) -> RunSummary:
@@ -337,10 +357,14 @@ def run_sweep(args: Any) -> RunSummary:
         f"cuda:{os.environ.get('LOCAL_RANK', '0')}" if torch.cuda.is_available() else "cpu"
     )
     dtype = getattr(args, "dtype", None) or ("float32" if device == "cpu" else "bfloat16")
-    records = load_records(grid, getattr(args, "data", None), getattr(args, "limit", None))
     model = load_model(model_name, device=device, dtype=getattr(torch, dtype))
-    if hasattr(model, "encode_prompt"):
-        codec: Codec = ModelCodec(model)
+    word_codec = _testbed_codec(model_name)
+    records = load_records(grid, getattr(args, "data", None), getattr(args, "limit", None),
+                           testbed=word_codec is not None)
+    if word_codec is not None:  # a word-level test-bed checkpoint: the oracle's codec
+        codec: Codec = ModelCodec(word_codec)
+    elif hasattr(model, "encode_prompt"):
+        codec = ModelCodec(model)
     else:
         from transformers import AutoTokenizer
 

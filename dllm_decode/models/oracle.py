@@ -19,6 +19,10 @@ Answer: ``[ name , ... , name ]`` followed by ``<eos>`` up to the generation len
 
 Conditioning on an impossible canvas (committed tokens that no valid answer matches, which
 parallel decoding can produce) falls back to the distribution given the prompt alone.
+
+``calibration=Calibration(floor=1e-6, temperature=..., noise=..., confusion=...)`` (or
+:meth:`WaitingLineOracle.calibrated`) turns the exact conditionals into finite, seeded,
+model-like logits (``calibration.py``); the default is the exact oracle.
 """
 
 from __future__ import annotations
@@ -31,14 +35,19 @@ from typing import Any, Final
 
 import torch
 from torch import Tensor, nn
+from torch.nn import functional as F
+
+from dllm_decode.models.calibration import Calibration, confusion_partners
 
 #: the ten Waiting Line operations the oracle knows
 TASK_NAMES: Final = (
     "copy", "reverse", "sort", "shuffle", "insert_index", "insert_random",
     "remove_index", "remove_random", "replace_index", "replace_random",
 )
-#: log-probability used for impossible tokens: finite so softmax, entropy and margins stay finite
+#: log-probability of impossible tokens in the exact oracle (finite, so softmax stays finite)
 NEG_LOGIT: Final = -1.0e9
+#: the calibrated oracle's floor probability for impossible tokens (log = -13.8)
+CALIBRATED_FLOOR: Final = 1.0e-6
 #: shuffle answers are enumerated (n! - 1 of them); beyond this list length that is too many
 MAX_SHUFFLE_ITEMS: Final = 8
 
@@ -119,6 +128,8 @@ class WaitingLineOracle(nn.Module):
         names: every full name that may occur (input lists and new persons).
         max_items: the longest list (index tokens ``<0>`` .. ``<max_items>`` exist).
         max_length: the longest canvas accepted.
+        calibration: knobs that make logits model-like (default: exact, see
+            ``dllm_decode.models.calibration``).
 
     Satisfies the ``DiffusionLM`` contract: bidirectional, position-aligned logits, no cache.
     Forward cost is a Python pass over the batch rows plus one scatter per distinct prompt.
@@ -129,7 +140,7 @@ class WaitingLineOracle(nn.Module):
     logit_shift: int = 0
 
     def __init__(self, names: Iterable[str], *, max_items: int = 16,
-                 max_length: int = 1024) -> None:
+                 max_length: int = 1024, calibration: Calibration | None = None) -> None:
         super().__init__()
         names = list(dict.fromkeys(names))
         specials = [PAD, EOS, MASK, ANSWER, *(f"<{t}>" for t in TASK_NAMES), OPEN, CLOSE, SEP]
@@ -144,7 +155,19 @@ class WaitingLineOracle(nn.Module):
         self._task_of = {self.token_id[f"<{t}>"]: t for t in TASK_NAMES}
         self._index_of = {self.token_id[t]: i for i, t in enumerate(indices)}
         self._first_name = len(specials) + len(indices)
+        self.calibration = calibration or Calibration()
+        self._names, self._partners = confusion_partners(self.vocab, self._first_name)
         self.register_buffer("_anchor", torch.zeros(0), persistent=False)
+
+    def calibrated(self, *, floor: float = CALIBRATED_FLOOR, temperature: float = 1.0,
+                   noise: float = 0.0, confusion: float = 0.0, seed: int = 0
+                   ) -> WaitingLineOracle:
+        """A copy over the same vocabulary with model-like logits (see ``Calibration``)."""
+        cal = Calibration(floor=floor, temperature=temperature, noise=noise,
+                          confusion=confusion, seed=seed)
+        names = self.vocab[self._first_name:]
+        return WaitingLineOracle(names, max_items=self.max_items, max_length=self._max_length,
+                                 calibration=cal)
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]], **kwargs: Any
@@ -322,7 +345,9 @@ class WaitingLineOracle(nn.Module):
             hidden_rows: optional ``[R]`` indices into N; logits only for those rows.
 
         Committed and prompt positions get a point mass on their own token; impossible tokens
-        get ``NEG_LOGIT``. Deterministic; syncs to the host (it parses prompts in Python).
+        get ``NEG_LOGIT`` (or the calibration's floor; masked answer positions also get its
+        confusion, temperature and noise). Deterministic; syncs to the host (it parses prompts
+        in Python).
         """
         if cache is not None:
             raise ValueError("WaitingLineOracle does not support a K/V cache; use cache='none'")
@@ -341,11 +366,15 @@ class WaitingLineOracle(nn.Module):
                                  "not supported")
             start = ids.index(answer_id) + 1
             groups.setdefault((tuple(ids[:start]), start), []).append(row)
+        cal = self.calibration
+        logits = torch.empty_like(probs)
+        names, partners = self._names.to(tokens.device), self._partners.to(tokens.device)
         for (prompt, start), rows in groups.items():
             answers = self.answer_table(prompt, n - start).to(tokens.device)
             region = tokens[rows, start:]
             masked = region == self.mask_token_id
-            cond = self.marginals(answers, region)
+            cond = cal.confuse(self.marginals(answers, region), names, partners)
             probs[rows, start:] = torch.where(masked[..., None], cond, probs[rows, start:])
-        logits = torch.where(probs > 0, probs.log(), torch.full_like(probs, NEG_LOGIT)).float()
+            logits[rows] = cal.logits(probs[rows], F.pad(masked, (start, 0)), prompt)
+        logits = logits.float()
         return logits if hidden_rows is None else logits[:, hidden_rows]

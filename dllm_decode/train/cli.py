@@ -1,4 +1,4 @@
-"""``dllm-decode train tiny ...`` and ``dllm-decode train learn2pd ...``."""
+"""``dllm-decode train tiny ...``, ``train testbed ...`` and ``train learn2pd ...``."""
 
 from __future__ import annotations
 
@@ -16,7 +16,11 @@ def run_train(kind: str, argv: list[str]) -> int:
         from dllm_decode.train.learn2pd_cli import train_learn2pd_main
 
         return int(train_learn2pd_main(argv) or 0)
-    raise ValueError(f"unknown training kind {kind!r}; valid: tiny, learn2pd")
+    if kind == "testbed":
+        from dllm_decode.train.distill import distill_main
+
+        return int(distill_main(argv) or 0)
+    raise ValueError(f"unknown training kind {kind!r}; valid: tiny, testbed, learn2pd")
 
 
 def _tiny(args: argparse.Namespace) -> int:
@@ -27,12 +31,17 @@ def _learn2pd(args: argparse.Namespace) -> int:
     return run_train("learn2pd", args.rest)
 
 
+def _testbed(args: argparse.Namespace) -> int:
+    return run_train("testbed", args.rest)
+
+
 def add_train_subcommands(sub: Any) -> None:
-    """Add ``train {tiny, learn2pd}``; each passes its remaining arguments to the trainer."""
+    """Add ``train {tiny, testbed, learn2pd}``; each passes its remaining arguments to the trainer."""
     train = sub.add_parser("train", help="train a tiny checkpoint or a Learn2PD filter")
     kinds = train.add_subparsers(dest="train_kind", required=True)
     for name, func, text in (
         ("tiny", _tiny, "masked-diffusion training of a tiny LLaDA / Dream / SDAR model"),
+        ("testbed", _testbed, "distil the exact Waiting Line oracle into a word-level model"),
         ("learn2pd", _learn2pd, "EGP trajectories + Learn2PD filter training"),
     ):
         p = kinds.add_parser(name, help=text, add_help=False)

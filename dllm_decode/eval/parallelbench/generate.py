@@ -63,6 +63,8 @@ MAX_TRIES: Final[int] = 10_000
 MASK_ITEM: Final[str] = "[MASK]"
 
 Record = dict[str, Any]
+#: ``(first_names, last_names)`` a Waiting Line person is drawn from
+NamePool = tuple[tuple[str, ...], tuple[str, ...]]
 
 
 def format_list(items: list[str]) -> str:
@@ -142,18 +144,23 @@ def split_of(task: str, record: Record) -> str:
 # ---------------------------------------------------------------- waiting line
 
 
-def _draw_people(rng: random.Random, count: int) -> list[str]:
+def _draw_people(rng: random.Random, count: int, pool: NamePool | None = None) -> list[str]:
+    first, last = pool or (FIRST_NAMES, LAST_NAMES)
+    if len(first) * len(last) <= count:
+        raise ValueError(f"a name pool of {len(first)} x {len(last)} names cannot give "
+                         f"{count} distinct people")
     people: list[str] = []
     while len(people) < count:
-        name = f"{rng.choice(FIRST_NAMES)} {rng.choice(LAST_NAMES)}"
+        name = f"{rng.choice(first)} {rng.choice(last)}"
         if name not in people:
             people.append(name)
     return people
 
 
-def _waiting_line_record(op: str, length: int, rng: random.Random) -> Record:
+def _waiting_line_record(op: str, length: int, rng: random.Random,
+                         pool: NamePool | None = None) -> Record:
     """One Waiting Line record with ``length`` people (plus one newcomer for insert/replace)."""
-    people = _draw_people(rng, length + 1)
+    people = _draw_people(rng, length + 1, pool)
     names, newcomer = people[:length], people[length]
     action, _, mode = op.partition("_")
     inputs: dict[str, Any] = {"context": format_list(names)}
@@ -332,6 +339,7 @@ def generate_task(
     max_len: int | None = None,
     icl_examples: int = 1,
     split: str | None = None,
+    names: NamePool | None = None,
 ) -> list[Record]:
     """Generate ``n`` records of ``task`` in the released ParallelBench JSONL schema.
 
@@ -346,6 +354,8 @@ def generate_task(
             (drawn after the main records, so the main records do not depend on this count).
         split: if given (``train`` / ``validation`` / ``test``), keep only instances owned by
             that split (:func:`split_of`); demonstrations are drawn from the same split.
+        names: ``(first_names, last_names)`` to draw Waiting Line people from (default: the
+            full clean-room lists); the word-level test bed uses a smaller pool.
 
     Returns:
         ``n`` records (dicts). Deterministic in all arguments.
@@ -374,7 +384,7 @@ def generate_task(
             raise ValueError(f"need 1 <= min_len <= max_len, got {lo}..{hi}")
 
         def make(length: int) -> Record:
-            return _waiting_line_record(kind, length, rng)
+            return _waiting_line_record(kind, length, rng, names)
 
     def draw(length: int) -> Record:
         for _ in range(MAX_TRIES):

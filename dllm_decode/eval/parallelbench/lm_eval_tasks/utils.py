@@ -26,12 +26,18 @@ from dllm_decode.eval.parallelbench.tasks import task_spec
 DATA_ENV = "DLLM_DECODE_PARALLELBENCH_DIR"
 
 
-def _records(task_id: str, data_dir: str | None, num_samples: int) -> list[dict[str, Any]]:
+def _records(task_id: str, data_dir: str | None, num_samples: int,
+             icl_examples: int | None) -> list[dict[str, Any]]:
     root = data_dir or os.environ.get(DATA_ENV)
     if root:
         from dllm_decode.eval.parallelbench.loader import load_task
 
-        return load_task(root, task_id).records
+        records = load_task(root, task_id).records
+        if icl_examples is None:
+            return records
+        return [{**r, "input": {**r["input"],
+                                "icl_examples": (r["input"].get("icl_examples") or [])
+                                [:icl_examples]}} for r in records]
     from dllm_decode.eval.parallelbench.generate import TASKS, generate_task, split_seed
 
     if task_id not in TASKS:
@@ -39,17 +45,27 @@ def _records(task_id: str, data_dir: str | None, num_samples: int) -> list[dict[
             f"{task_id} has no clean-room generator; set {DATA_ENV} or metadata.data_dir to the "
             "released ParallelBench test directory"
         )
-    return generate_task(task_id, num_samples, split_seed(task_id, "test"), split="test")
+    shots = 1 if icl_examples is None else icl_examples
+    return generate_task(task_id, num_samples, split_seed(task_id, "test"), split="test",
+                         icl_examples=shots)
 
 
 def load_docs(
-    task_id: str, data_dir: str | None = None, num_samples: int = 100, **_: Any
+    task_id: str, data_dir: str | None = None, num_samples: int = 100,
+    icl_examples: int | None = None, **_: Any
 ) -> dict[str, Any]:
-    """``custom_dataset`` loader: ``{"test": Dataset}`` for one ParallelBench task."""
+    """``custom_dataset`` loader: ``{"test": Dataset}`` for one ParallelBench task.
+
+    ``icl_examples``: demonstrations per prompt (``None``: the released count, one; the
+    ``*_0shot`` tasks set 0, the format the bundled tiny checkpoints were trained on).
+    """
     import datasets
 
+    if icl_examples is not None and int(icl_examples) < 0:
+        raise ValueError(f"icl_examples must be >= 0, got {icl_examples!r}")
+    shots = None if icl_examples is None else int(icl_examples)
     docs = []
-    for doc_id, record in enumerate(_records(task_id, data_dir, int(num_samples))):
+    for doc_id, record in enumerate(_records(task_id, data_dir, int(num_samples), shots)):
         messages = render_messages(task_id, record)
         try:
             reference = reference_answer(record)

@@ -1,0 +1,248 @@
+"""Decoding methods on the word-level test bed: calibrated oracle and the testbed-* checkpoints.
+
+For every model and method config, ``--n`` held-out prompts (test split, ``--seed``) of each of
+the nine test-bed Waiting Line tasks (lists of 3-5 names, gen length 16, one block, greedy)
+are decoded with the library's ``DiffusionSampler``; an answer counts when it is one of the
+record's valid answers (ParallelBench's rule). Per config: mean accuracy over tasks with a 95 %
+bootstrap interval (prompts resampled within each task), NFE, TPF = gen length / NFE, and a
+paired bootstrap test of the difference to the one-token-per-step baseline on the same
+prompts. Per method family (a parameter sweep): AUP over its (TPF, accuracy) points, anchored
+at the baseline. Writes ``results/testbed_methods.csv``, ``results/testbed_methods.md`` and
+``results/testbed_pareto.png``.
+
+    python benchmarks/bench_testbed.py --models oracle-cal testbed-llada testbed-dream --n 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_decode.eval.metrics import aup
+from dllm_decode.train.testbed import TESTBED_GEN_LENGTH, TESTBED_TASKS, waiting_line_oracle
+from dllm_decode.train.testbed_eval import decode_tasks
+
+G = TESTBED_GEN_LENGTH
+RESULTS = Path(__file__).parent / "results"
+#: the calibrated oracle of the tables: floor 1e-6, temperature 1.5 (under-confident), small
+#: seeded logit noise and name confusion, so margins and entropies are graded as in a model
+CALIBRATED = {"floor": 1e-6, "temperature": 1.5, "noise": 0.25, "confusion": 0.01, "seed": 0}
+
+# (family, label, policy, sampler/policy kwargs); the first row is the baseline
+CONFIGS: list[tuple[str, str, Any, dict[str, Any]]] = [
+    ("low_confidence", "k=1", "low_confidence", {"steps": 16}),
+    ("low_confidence", "k=2", "low_confidence", {"steps": 8}),
+    ("low_confidence", "k=4", "low_confidence", {"steps": 4}),
+    ("low_confidence", "k=8", "low_confidence", {"steps": 2}),
+    ("random", "k=1", "random", {"steps": 16}),
+    ("threshold", "tau=0.95", "threshold", {"tau": 0.95}),
+    ("threshold", "tau=0.9", "threshold", {"tau": 0.9}),
+    ("threshold", "tau=0.7", "threshold", {"tau": 0.7}),
+    ("threshold", "tau=0.5", "threshold", {"tau": 0.5}),
+    ("factor", "f=0.5", "factor", {"factor": 0.5}),
+    ("factor", "f=1", "factor", {"factor": 1.0}),
+    ("factor", "f=2", "factor", {"factor": 2.0}),
+    ("eb", "gamma=0.01", "eb", {"gamma": 0.01}),
+    ("eb", "gamma=0.1", "eb", {"gamma": 0.1}),
+    ("eb", "gamma=1", "eb", {"gamma": 1.0}),
+    ("entropy_threshold", "theta=0.1", "entropy_threshold", {"theta": 0.1}),
+    ("entropy_threshold", "theta=0.5", "entropy_threshold", {"theta": 0.5}),
+    ("entropy_threshold", "theta=1", "entropy_threshold", {"theta": 1.0}),
+    ("sched", "tau_low=5", "sched", {"base": "low_confidence", "tau_low": 5.0,
+                                      "tau_high": 7.5, "steps": 16}),
+    ("sched", "tau_low=2.5", "sched", {"base": "low_confidence", "tau_low": 2.5, "steps": 16}),
+    ("sched", "tau_low=0", "sched", {"base": "low_confidence", "tau_low": 0.0, "steps": 16}),
+    ("prophet", "default", "prophet", {"steps": 16}),
+    ("klass", "default", "klass", {"steps": 16}),
+    ("ccd", "default", "ccd", {"steps": 16}),
+    ("ete", "default", "ete", {}),
+    ("eotp", "k=1", "eotp", {"steps": 16}),
+    ("sched+threshold", "tau=0.9, tau_low=2.5", "sched", {"base": "threshold", "tau": 0.9}),
+    ("threshold+eotp", "tau=0.9", "threshold+eotp", {"tau": 0.9}),
+]
+
+
+def load(name: str) -> Any:
+    if name == "oracle":
+        return waiting_line_oracle()
+    if name == "oracle-cal":
+        return waiting_line_oracle().calibrated(**CALIBRATED)
+    from dllm_decode import load_model
+
+    return load_model(name)
+
+
+def policy_of(policy: str, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    if policy == "threshold+eotp":
+        from dllm_decode.policies.learn2pd import with_eotp
+        from dllm_decode.policies.registry import make_policy
+
+        return with_eotp(make_policy("threshold", tau=kwargs["tau"])), {}
+    return policy, kwargs
+
+
+def stratified_means(valid: torch.Tensor, n_tasks: int, gen: torch.Generator,
+                     draws: int) -> torch.Tensor:
+    """``[draws]`` bootstrap means over tasks of ``valid [T * n]`` (prompts resampled per task)."""
+    per = valid.view(n_tasks, -1).double()
+    n = per.shape[1]
+    idx = torch.randint(0, n, (draws, n_tasks, n), generator=gen)
+    sample = torch.gather(per.expand(draws, -1, -1), 2, idx)
+    return sample.mean(-1).mean(-1)
+
+
+def summarise(rows: dict[str, list[dict[str, Any]]], base: torch.Tensor | None,
+              draws: int = 2000) -> dict[str, Any]:
+    valid = torch.tensor([r["valid"] for t in TESTBED_TASKS for r in rows[t]], dtype=torch.float)
+    nfe = torch.tensor([r["nfe"] for t in TESTBED_TASKS for r in rows[t]], dtype=torch.float)
+    t = len(TESTBED_TASKS)
+    boot = stratified_means(valid, t, torch.Generator().manual_seed(0), draws)
+    out = {"acc": 100 * valid.view(t, -1).mean(-1).mean().item(),
+           "ci_lo": 100 * boot.quantile(0.025).item(), "ci_hi": 100 * boot.quantile(0.975).item(),
+           "nfe": nfe.mean().item(), "tpf": G / nfe.mean().item(),
+           "tasks": {task: 100 * sum(r["valid"] for r in rows[task]) / len(rows[task])
+                     for task in TESTBED_TASKS}, "valid": valid}
+    if base is not None:  # paired: the same resampled prompts for both configs
+        diff = stratified_means(valid - base, t, torch.Generator().manual_seed(0), draws)
+        lo, hi = diff.quantile(0.025).item(), diff.quantile(0.975).item()
+        out["diff_lo"], out["diff_hi"] = 100 * lo, 100 * hi
+        out["significant"] = lo > 0 or hi < 0
+    return out
+
+
+def commit() -> str:
+    try:
+        return subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                              text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
+    torch.set_num_threads(1)
+    oracle = waiting_line_oracle()  # codec (encode/decode) of every test-bed model
+    out = []
+    for name in models:
+        model = load(name)
+        base = None
+        for family, label, policy, kwargs in CONFIGS:
+            pol, kw = policy_of(policy, kwargs)
+            t0 = time.thread_time()
+            rows = decode_tasks(model, oracle, n, seed=seed, policy=pol, **kw)
+            seconds = time.thread_time() - t0
+            s = summarise(rows, base)
+            base = s["valid"] if base is None else base
+            out.append({"model": name, "family": family, "config": label,
+                        "params": json.dumps(kwargs), "n_per_task": n, "seed": seed,
+                        "acc": round(s["acc"], 2), "ci_lo": round(s["ci_lo"], 2),
+                        "ci_hi": round(s["ci_hi"], 2), "nfe": round(s["nfe"], 3),
+                        "tpf": round(s["tpf"], 3),
+                        "diff_lo": round(s.get("diff_lo", 0.0), 2),
+                        "diff_hi": round(s.get("diff_hi", 0.0), 2),
+                        "significant": s.get("significant", False),
+                        "cpu_s_per_prompt": round(seconds / (n * len(TESTBED_TASKS)), 5),
+                        **{f"acc_{t}": round(v, 1) for t, v in s["tasks"].items()},
+                        "device": "cpu", "torch": torch.__version__,
+                        "python": platform.python_version(), "commit": commit(),
+                        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            r = out[-1]
+            print(f"{name:14s} {family:18s} {label:22s} acc {r['acc']:6.2f} "
+                  f"[{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] NFE {r['nfe']:6.2f} TPF {r['tpf']:5.2f}"
+                  f"{' *' if r['significant'] else ''}", flush=True)
+    return out
+
+
+def aup_table(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
+    """AUP per (model, method family): the family's (TPF, acc) points plus the baseline
+    anchor (k=1), y_max = best accuracy of any config on that model (AUP is per leaderboard)."""
+    out = {}
+    for model in dict.fromkeys(r["model"] for r in rows):
+        mine = [r for r in rows if r["model"] == model]
+        y_max = max(r["acc"] for r in mine)
+        anchor = (mine[0]["tpf"], mine[0]["acc"])
+        for family in dict.fromkeys(r["family"] for r in mine):
+            points = [anchor] + [(r["tpf"], r["acc"]) for r in mine if r["family"] == family]
+            out[model, family] = aup(points, y_max) if y_max > 0 else 0.0
+    return out
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    aups = aup_table(rows)
+    lines = []
+    for model in dict.fromkeys(r["model"] for r in rows):
+        lines += [f"### {model}", "",
+                  "| method | config | accuracy % [95 % CI] | NFE | TPF | vs k=1 (Δ 95 % CI) "
+                  "| family AUP |", "|---|---|---|---|---|---|---|"]
+        seen = set()
+        for r in (r for r in rows if r["model"] == model):
+            mark = " **sig.**" if r["significant"] else ""
+            fam_aup = "" if r["family"] in seen else f"{aups[model, r['family']]:.1f}"
+            seen.add(r["family"])
+            delta = ("baseline" if r is rows[0] or r["config"] == "k=1" and
+                     r["family"] == "low_confidence" else
+                     f"[{r['diff_lo']:+.1f}, {r['diff_hi']:+.1f}]{mark}")
+            lines.append(f"| {r['family']} | {r['config']} | {r['acc']:.1f} [{r['ci_lo']:.1f},"
+                         f" {r['ci_hi']:.1f}] | {r['nfe']:.2f} | {r['tpf']:.2f} | {delta} | "
+                         f"{fam_aup} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def pareto_plot(rows: list[dict[str, Any]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    models = list(dict.fromkeys(r["model"] for r in rows))
+    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)
+    for ax, model in zip(axes[0], models, strict=True):
+        mine = [r for r in rows if r["model"] == model]
+        for family in dict.fromkeys(r["family"] for r in mine):
+            pts = sorted((r["tpf"], r["acc"], r["ci_lo"], r["ci_hi"]) for r in mine
+                         if r["family"] == family)
+            xs, ys, lo, hi = zip(*pts, strict=True)
+            err = [[y - l for y, l in zip(ys, lo, strict=True)],
+                   [h - y for y, h in zip(ys, hi, strict=True)]]
+            ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=2, label=family)
+        ax.set_title(model)
+        ax.set_xlabel("tokens per forward (gen length / NFE)")
+        ax.set_ylabel("accuracy % (mean over 9 tasks)")
+        ax.set_xscale("log", base=2)
+        ax.grid(alpha=0.3)
+    axes[0][-1].legend(fontsize=7, loc="lower left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=["oracle-cal", "testbed-llada",
+                                                    "testbed-dream"])
+    ap.add_argument("--n", type=int, default=50, help="held-out prompts per task")
+    ap.add_argument("--seed", type=int, default=0, help="offset of the record generator seed")
+    ap.add_argument("--tag", default="testbed_methods")
+    args = ap.parse_args(argv)
+    rows = run(args.models, args.n, args.seed)
+    RESULTS.mkdir(exist_ok=True)
+    with (RESULTS / f"{args.tag}.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    command = "python benchmarks/bench_testbed.py " + " ".join(sys.argv[1:])
+    (RESULTS / f"{args.tag}.md").write_text(f"`{command}`\n\n" + markdown(rows))
+    pareto_plot(rows, RESULTS / f"{args.tag}_pareto.png")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,127 @@
+"""The parallel-decoding effect on the test bed: learned checkpoints vs the exact oracle.
+
+For each model, ``--n`` held-out prompts (test split, generator seed offset ``--seed``) per
+test-bed task are decoded with LLaDA's ``low_confidence`` at k = 1, 4 and 8 tokens per step
+(fixed steps = 16 / k, one block, greedy); the exact oracle (the distillation teacher) is decoded
+on the same prompts. Writes ``results/testbed_parallel.csv`` and prints the table of the model
+cards, with the test-bed targets checked: k = 1 accuracy >= 90 % on every task; at k = 4 and 8
+random tasks within 10 points of the oracle, deterministic tasks within 5 points of k = 1.
+
+    python benchmarks/testbed_parallel.py --models testbed-llada testbed-dream --n 50
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_decode.train.testbed import DETERMINISTIC_TASKS, TESTBED_TASKS, waiting_line_oracle
+from dllm_decode.train.testbed_eval import decode_tasks
+
+RESULTS = Path(__file__).parent / "results"
+KS = (1, 4, 8)
+
+
+def accuracy(model: Any, n: int, seed: int, k: int) -> dict[str, float]:
+    oracle = waiting_line_oracle()
+    rows = decode_tasks(model, oracle, n, seed=seed, steps=16 // k)
+    return {t: 100 * sum(r["valid"] for r in v) / len(v) for t, v in rows.items()}
+
+
+def table(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
+    from dllm_decode import load_model
+
+    torch.set_num_threads(1)
+    teacher = {k: accuracy(waiting_line_oracle(), n, seed, k) for k in KS}
+    out = []
+    for name in models:
+        model = load_model(name)
+        mine = {k: accuracy(model, n, seed, k) for k in KS}
+        for task in TESTBED_TASKS:
+            row: dict[str, Any] = {"model": name, "task": task, "n": n, "seed": seed}
+            for k in KS:
+                row[f"k{k}"] = round(mine[k][task], 1)
+                row[f"oracle_k{k}"] = round(teacher[k][task], 1)
+            det = task in DETERMINISTIC_TASKS
+            ok = row["k1"] >= 90 and all(
+                abs(row[f"k{k}"] - (row["k1"] if det else row[f"oracle_k{k}"]))
+                <= (5 if det else 10) for k in KS[1:])
+            row["target_met"] = ok
+            out.append(row)
+    return out
+
+
+def markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | task | k=1 | k=4 | k=8 | oracle k=1 / 4 / 8 | target |",
+             "|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['model']} | {r['task']} | {r['k1']:.0f} | {r['k4']:.0f} | "
+                     f"{r['k8']:.0f} | {r['oracle_k1']:.0f} / {r['oracle_k4']:.0f} / "
+                     f"{r['oracle_k8']:.0f} | {'met' if r['target_met'] else 'MISSED'} |")
+    return "\n".join(lines)
+
+
+def model_card(name: str, run_dir: Path, rows: list[dict[str, Any]]) -> str:
+    """The checkpoint's README: architecture, exact command, time, curves, the table above."""
+    import json
+
+    run = json.loads((run_dir / "run.json").read_text())
+    cfg = run["config"]
+    loss = (run_dir / "loss.csv").read_text().splitlines()
+    evals = (run_dir / "eval.csv").read_text().splitlines()
+    picked = [loss[0]] + loss[1::max(1, len(loss) // 12)] + [loss[-1]]
+    mine = [r for r in rows if r["model"] == name]
+    return "\n".join([
+        f"# {name}", "",
+        f"A {cfg['family']}-family masked-diffusion model distilled from the exact Waiting Line "
+        "oracle on the word-level test bed (`dllm_decode.train.testbed`: one token per name, "
+        "500 names, lists of 3-5, answers of 16 positions). It is a task model for measuring "
+        "decoding policies, not a language model: prompts are the oracle's format, e.g. "
+        "`<copy> [ Maya Abbott , Ivan Adler , Pedro Bell ] <answer>`.", "",
+        f"* architecture: {cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} heads, "
+        f"MLP {cfg['intermediate']}, vocabulary {run['vocab_size']}; "
+        f"{run['parameters'] / 1e6:.2f}M parameters, fp16 weights",
+        f"* command: `{run['command']}`",
+        f"* training: {run['steps_done']} steps, batch {cfg['batch_size']}, "
+        f"{run['wall_s'] / 60:.0f} min on {run['threads']} CPU thread(s) of a shared 2-core "
+        "machine; soft targets (the oracle's exact conditionals), masks: "
+        f"{cfg['suffix_frac']:.0%} suffix, {cfg['structure_frac']:.0%} structure-visible, "
+        "the rest i.i.d.", "",
+        "## Held-out results (test split, low_confidence, greedy, one block)", "",
+        "`python benchmarks/testbed_parallel.py` (50 prompts per task; k = tokens per step; the "
+        "oracle column decodes the same prompts with the exact oracle):", "",
+        markdown(mine), "",
+        "## Training curves", "", "Loss (soft cross-entropy) and KL to the oracle:", "",
+        "```", *picked, "```", "", "Held-out validity during training (12 prompts per task, "
+        "k = 1):", "", "```", *evals, "```", ""])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--models", nargs="+", default=["testbed-llada", "testbed-dream"])
+    ap.add_argument("--n", type=int, default=50)
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--tag", default="testbed_parallel")
+    ap.add_argument("--card", nargs=2, action="append", default=[], metavar=("MODEL", "RUN"),
+                    help="write MODEL's card (README.md in its directory) from run dir RUN")
+    args = ap.parse_args(argv)
+    rows = table(args.models, args.n, args.seed)
+    for name, run_dir in args.card:
+        from dllm_decode.models.loading import resolve_path
+
+        (resolve_path(name) / "README.md").write_text(model_card(name, Path(run_dir), rows))
+    RESULTS.mkdir(exist_ok=True)
+    with (RESULTS / f"{args.tag}.csv").open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+    print(markdown(rows))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

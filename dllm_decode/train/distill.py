@@ -1,0 +1,289 @@
+"""Distil the exact Waiting Line oracle into a tiny LLaDA / Dream / SDAR-style model.
+
+The test-bed recipe (``dllm-decode train testbed``), after ``shared/research/
+testbed-feasibility.md``: the oracle's word-level vocabulary (one token per name, so copying is
+a one-token pointer), soft targets (the oracle's exact conditional of every masked answer
+position given the visible canvas), and three masking modes per row:
+
+* ``suffix``: every answer position from a random start on is masked (the earlier ones are
+  visible): the semi-autoregressive states that break the copy plateau;
+* ``structure``: list symbols and EOS visible, a random subset of the names masked: the states
+  one-token-per-step decoding actually visits (structure tokens are certain, so they commit
+  first), where a model must learn which names are already used;
+* ``iid``: every answer position masked independently with a rate ``t ~ U(0, 1)``.
+
+Loss: cross-entropy to the soft targets over masked answer positions (= KL to the oracle plus
+its entropy). Block-causal (SDAR-style) models see the answer region in their own blocks; the
+trainer feeds the whole canvas and the model's block-causal mask does the rest, which matches
+inference exactly when earlier blocks are complete, so ``suffix`` rows are aligned to blocks.
+
+Everything random is a function of ``(seed, step)``, so ``--resume`` continues exactly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import random
+import shlex
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.models.base import DecoderLM
+from dllm_decode.models.oracle import WaitingLineOracle
+from dllm_decode.train.config import TrainConfig, build_tiny_model, untie
+from dllm_decode.train.testbed import (
+    RANDOM_TASKS,
+    TESTBED_GEN_LENGTH,
+    TESTBED_TASKS,
+    draw_training_examples,
+    waiting_line_oracle,
+)
+
+LOG_COLUMNS = ("step", "loss", "kl", "lr", "wall_s")
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Settings of one distillation run (every field is a ``--flag``)."""
+
+    family: str = "llada"
+    out: str = "runs/testbed"
+    steps: int = 12000
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup: int = 200
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    hidden: int = 128
+    layers: int = 3
+    heads: int = 4
+    intermediate: int = 512
+    block_size: int = 4
+    suffix_frac: float = 0.4
+    structure_frac: float = 0.3
+    random_weight: float = 2.0
+    max_pad: int = 3
+    seed: int = 0
+    threads: int = 1
+    log_every: int = 50
+    eval_every: int = 1000
+    eval_size: int = 12
+    ckpt_every: int = 250
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.family not in ("llada", "dream", "sdar"):
+            raise ValueError(f"family must be llada, dream or sdar, got {self.family!r}")
+        if not 0 <= self.suffix_frac + self.structure_frac <= 1:
+            raise ValueError("suffix_frac + structure_frac must lie in [0, 1]")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError("steps and batch_size must be >= 1")
+
+    def task_weights(self) -> dict[str, float]:
+        return {t: self.random_weight if t in RANDOM_TASKS and t != "remove_random" else 1.0
+                for t in TESTBED_TASKS}
+
+
+def lr_at(step: int, cfg: DistillConfig) -> float:
+    """Linear warm-up, then cosine decay to ``lr * min_lr_ratio``."""
+    if step < cfg.warmup:
+        return cfg.lr * (step + 1) / cfg.warmup
+    progress = min(1.0, (step - cfg.warmup) / max(1, cfg.steps - cfg.warmup))
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 *
+                     (1 + math.cos(math.pi * progress)))
+
+
+def build_student(cfg: DistillConfig, oracle: WaitingLineOracle) -> DecoderLM:
+    """A fresh model of ``cfg.family`` over the oracle's vocabulary."""
+    tc = TrainConfig(family=cfg.family, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
+                     intermediate=cfg.intermediate, block_size=cfg.block_size, seed=cfg.seed)
+    return build_tiny_model(tc, oracle.vocab_size, oracle.mask_token_id,
+                            oracle.eos_token_ids[0], oracle.pad_token_id)
+
+
+def answer_masks(answers: Tensor, first_name: int, cfg: DistillConfig,
+                 gen: torch.Generator) -> Tensor:
+    """Masked positions ``[B, G]`` (bool, at least one per row) of the three modes."""
+    b, g = answers.shape
+    mode = torch.rand(b, generator=gen)
+    rate = torch.rand(b, 1, generator=gen)
+    draw = torch.rand(b, g, generator=gen)
+    iid = draw < rate
+    block = cfg.block_size if cfg.family == "sdar" else 1
+    start = torch.randint(0, g, (b, 1), generator=gen) // block * block
+    suffix = torch.arange(g)[None] >= start
+    structure = iid & (answers >= first_name)
+    suffix_rows = (mode < cfg.suffix_frac)[:, None]
+    structure_rows = ((mode >= cfg.suffix_frac) &
+                      (mode < cfg.suffix_frac + cfg.structure_frac))[:, None]
+    masked = torch.where(suffix_rows, suffix, torch.where(structure_rows, structure, iid))
+    empty = ~masked.any(-1)
+    pick = torch.randint(0, g, (b,), generator=gen)
+    masked[empty, pick[empty]] = True
+    return masked
+
+
+def make_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """``(tokens [B, L], valid [B, L], masked [B, G], targets [B, G, V] float32, P)``."""
+    g = TESTBED_GEN_LENGTH
+    examples = draw_training_examples(cfg.seed, step, cfg.batch_size, cfg.task_weights())
+    rng = random.Random(f"{cfg.seed}:{step}:answer")
+    gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
+    prompts = [oracle.encode_prompt(task, rec) for task, rec in examples]
+    tables = [oracle.answer_table(p, g) for p in prompts]
+    answers = torch.stack([t[rng.randrange(len(t))] for t in tables])
+    masked = answer_masks(answers, oracle._first_name, cfg, gen)
+    region = torch.where(masked, oracle.mask_token_id, answers)
+    targets = torch.cat([oracle.marginals(t, r[None]) for t, r in zip(tables, region,
+                                                                      strict=True)]).float()
+    width = max(len(p) for p in prompts) + rng.randint(0, cfg.max_pad)
+    if cfg.family == "sdar":  # answers start on a block boundary, as the sampler aligns them
+        width += (-width) % cfg.block_size
+    b = len(prompts)
+    tokens = torch.full((b, width + g), oracle.pad_token_id, dtype=torch.long)
+    valid = torch.zeros(b, width + g, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p):width] = torch.tensor(p)
+        valid[i, width - len(p):] = True
+    tokens[:, width:] = region
+    return tokens, valid, masked, targets, width
+
+
+def distill_loss(model: DecoderLM, tokens: Tensor, valid: Tensor, masked: Tensor,
+                 targets: Tensor, prompt_length: int) -> tuple[Tensor, Tensor]:
+    """``(soft cross-entropy, KL to the targets)`` averaged over masked answer positions."""
+    positions = model.rope_positions(valid)
+    rows = torch.arange(prompt_length, tokens.shape[1])
+    logits = model(tokens, positions, mask=valid, hidden_rows=rows).float()
+    logp = logits.log_softmax(-1)
+    ce = -(targets * logp).sum(-1)
+    entropy = -(targets * targets.clamp_min(1e-30).log()).sum(-1)
+    n = masked.sum().clamp_min(1)
+    return (ce * masked).sum() / n, ((ce - entropy) * masked).sum() / n
+
+
+def command_line(cfg: DistillConfig) -> str:
+    """``dllm-decode train testbed ...`` with every non-default field."""
+    default = DistillConfig()
+    flags: list[str] = []
+    for f in dataclasses.fields(DistillConfig):
+        value = getattr(cfg, f.name)
+        if value == getattr(default, f.name) and f.name not in ("family", "out", "steps"):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        flags += ([flag] if value else []) if isinstance(value, bool) else [flag, str(value)]
+    return "dllm-decode train testbed " + shlex.join(flags)
+
+
+def distill(cfg: DistillConfig) -> dict[str, Any]:
+    """Run or resume a distillation run; returns the ``run.json`` summary."""
+    from dllm_decode.train.testbed_eval import evaluate_testbed, export_testbed
+
+    if cfg.threads:
+        torch.set_num_threads(cfg.threads)
+    out = Path(cfg.out)
+    out.mkdir(parents=True, exist_ok=True)
+    ckpt = out / "checkpoint.pt"
+    if ckpt.exists() and not cfg.resume:
+        raise FileExistsError(f"{ckpt} exists: pass --resume to continue, or a new --out")
+    oracle = waiting_line_oracle()
+    model = build_student(cfg, oracle)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
+                             {"params": rest, "weight_decay": 0.0}], lr=cfg.lr,
+                            betas=(0.9, 0.98))
+    start, wall_before = 0, 0.0
+    if cfg.resume and ckpt.exists():
+        state = torch.load(ckpt, weights_only=False)
+        model.load_state_dict(state["model"])
+        opt.load_state_dict(state["opt"])
+        start, wall_before = state["step"], state["wall_s"]
+    (out / "distill_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
+    params = sum(p.numel() for p in model.parameters())
+    print(f"[testbed] {cfg.family}: {params / 1e6:.2f}M parameters, vocab "
+          f"{oracle.vocab_size}, steps {start}..{cfg.steps}", flush=True)
+    t0 = time.perf_counter()
+    window: list[tuple[float, float]] = []
+    model.train()
+    for step in range(start, cfg.steps):
+        for group in opt.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        tokens, valid, masked, targets, p = make_batch(cfg, oracle, step)
+        loss, kl = distill_loss(model, tokens, valid, masked, targets, p)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
+        opt.step()
+        window.append((float(loss.detach()), float(kl.detach())))
+        done = step + 1
+        wall = wall_before + time.perf_counter() - t0
+        if done % cfg.log_every == 0:
+            row = {"step": done, "loss": round(sum(w[0] for w in window) / len(window), 5),
+                   "kl": round(sum(w[1] for w in window) / len(window), 5),
+                   "lr": f"{lr_at(step, cfg):.3e}", "wall_s": round(wall, 1)}
+            _append(out / "loss.csv", row)
+            print(f"[testbed] {json.dumps(row)}", flush=True)
+            window = []
+        if done % cfg.ckpt_every == 0 or done == cfg.steps:
+            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
+                        "wall_s": wall, "config": dataclasses.asdict(cfg)}, ckpt)
+        if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
+            model.eval()
+            scores = evaluate_testbed(model, oracle, cfg.eval_size, seed=cfg.seed)
+            model.train()
+            _append(out / "eval.csv", {"step": done, "wall_s": round(wall, 1), **scores})
+            print(f"[eval] step {done} {json.dumps(scores)}", flush=True)
+    wall = wall_before + time.perf_counter() - t0
+    summary = {"command": command_line(cfg), "config": dataclasses.asdict(cfg),
+               "parameters": params, "vocab_size": oracle.vocab_size, "steps_done": cfg.steps,
+               "wall_s": round(wall, 1), "threads": torch.get_num_threads(),
+               "versions": {"torch": torch.__version__}}
+    model.eval()
+    export_testbed(untie(model), oracle, out / "model")
+    (out / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _append(path: Path, row: dict[str, Any]) -> None:
+    new = not path.exists()
+    with path.open("a") as fh:
+        if new:
+            fh.write(",".join(row) + "\n")
+        fh.write(",".join(str(v) for v in row.values()) + "\n")
+
+
+def parse_args(argv: list[str] | None) -> DistillConfig:
+    parser = argparse.ArgumentParser(
+        prog="dllm-decode train testbed",
+        description="Distil the exact Waiting Line oracle into a tiny diffusion LM.")
+    for f in dataclasses.fields(DistillConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type in ("bool", bool):
+            parser.add_argument(flag, action="store_true")
+        else:
+            kind = {"int": int, "float": float, "str": str}[str(f.type)]
+            parser.add_argument(flag, type=kind, default=f.default,
+                                help=f"(default: {f.default})")
+    ns = parser.parse_args(argv)
+    try:
+        return DistillConfig(**vars(ns))
+    except ValueError as err:
+        parser.error(str(err))
+        raise
+
+
+def distill_main(argv: list[str] | None = None) -> int:
+    """CLI entry: ``dllm-decode train testbed --family llada --out DIR [--resume]``."""
+    distill(parse_args(argv))
+    return 0

@@ -1,0 +1,90 @@
+"""Grading and export of test-bed models (learned or the oracle itself), on held-out prompts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dllm_decode.models.oracle import WaitingLineOracle
+from dllm_decode.train.testbed import (
+    TESTBED_GEN_LENGTH,
+    TESTBED_TASKS,
+    grade,
+    waiting_line_records,
+    write_tokenizer,
+)
+
+
+def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
+             align: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Left-padded ids ``[B, P]`` and attention mask ``[B, P]`` (P rounded up to ``align``)."""
+    width = max(len(p) for p in prompts)
+    if align:
+        width += (-width) % align
+    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
+    attn = torch.zeros(len(prompts), width, dtype=torch.long)
+    for i, p in enumerate(prompts):
+        ids[i, width - len(p):] = torch.tensor(list(p))
+        attn[i, width - len(p):] = 1
+    return ids, attn
+
+
+@torch.no_grad()
+def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | None = None,
+                 tasks: Sequence[str] = TESTBED_TASKS, policy: str = "low_confidence",
+                 split: str = "test", **sampler_kwargs: Any) -> dict[str, list[dict[str, Any]]]:
+    """Decode ``n`` held-out prompts per task; per task a list of ``{valid, nfe, text}``.
+
+    ``seed`` offsets the record generator (``None``: the split's own seed), so other seeds draw
+    other held-out prompts. ``sampler_kwargs`` go to ``DiffusionSampler`` (``steps``,
+    ``cache``, policy parameters, ...); the default is one token per step, one block.
+    """
+    from dllm_decode import DiffusionSampler
+    from dllm_decode.eval.parallelbench.generate import split_seed
+
+    g = TESTBED_GEN_LENGTH
+    kwargs = {"gen_length": g, "block_length": g, "steps": g, "temperature": 0.0}
+    kwargs |= sampler_kwargs
+    sampler = DiffusionSampler(model, policy, **kwargs)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for task in tasks:
+        base = split_seed(f"waiting_line/{task}", split)
+        records = waiting_line_records(task, n, base + (seed or 0), split=split)
+        prompts = [oracle.encode_prompt(task, r) for r in records]
+        ids, attn = left_pad(prompts, oracle.pad_token_id, getattr(model, "block_size", None))
+        gen = sampler.generate(ids, attn)
+        rows = []
+        for rec, answer, nfe in zip(records, gen.answer.tolist(), gen.nfe.tolist(), strict=True):
+            text = oracle.decode(answer)
+            rows.append({"valid": grade(task, rec, text), "nfe": nfe, "text": text})
+        out[task] = rows
+    return out
+
+
+def evaluate_testbed(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int = 0,
+                     tokens_per_step: int = 1) -> dict[str, float]:
+    """Share of valid answers per task (and ``mean``) at ``tokens_per_step`` (low_confidence)."""
+    steps = TESTBED_GEN_LENGTH // tokens_per_step
+    rows = decode_tasks(model, oracle, n, seed=seed, steps=steps)
+    scores = {t: round(sum(r["valid"] for r in v) / len(v), 4) for t, v in rows.items()}
+    scores["mean"] = round(sum(scores.values()) / len(scores), 4)
+    return scores
+
+
+def export_testbed(model: Any, oracle: WaitingLineOracle, directory: str | Path,
+                   dtype: torch.dtype = torch.float16) -> int:
+    """Write ``config.json`` + ``model.safetensors`` (``dtype``) + word-level tokenizer files.
+
+    Returns the weight file's size in bytes.
+    """
+    import copy
+
+    from dllm_decode.models.loading import save_model
+
+    directory = Path(directory)
+    save_model(copy.deepcopy(model).to(dtype=dtype), directory)
+    write_tokenizer(oracle, directory)
+    return (directory / "model.safetensors").stat().st_size

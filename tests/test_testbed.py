@@ -1,0 +1,192 @@
+"""The test bed: calibrated oracle, word-level tokenizer/codec, distillation trainer, eval
+defaults that fit the bundled checkpoints."""
+
+from __future__ import annotations
+
+import json
+import types
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from dllm_decode.models.calibration import Calibration
+from dllm_decode.models.oracle import NEG_LOGIT
+from dllm_decode.train.testbed import (
+    TESTBED_GEN_LENGTH,
+    TESTBED_NAMES,
+    grade,
+    prompt_text,
+    waiting_line_oracle,
+    waiting_line_records,
+    write_tokenizer,
+)
+from dllm_decode.train.testbed_eval import decode_tasks, left_pad
+
+ROOT = Path(__file__).resolve().parents[1]
+G = TESTBED_GEN_LENGTH
+
+
+def _answer_logits(oracle, task: str, n: int = 4):
+    recs = waiting_line_records(task, n)
+    prompts = [oracle.encode_prompt(task, r) for r in recs]
+    ids, attn = left_pad(prompts, oracle.pad_token_id)
+    canvas = torch.cat([ids, torch.full((n, G), oracle.mask_token_id)], 1)
+    pos = torch.arange(canvas.shape[1]).expand_as(canvas)
+    return oracle(canvas, pos)[:, ids.shape[1]:], recs
+
+
+# ---- calibrated oracle ----------------------------------------------------------------------
+
+def test_default_calibration_is_the_exact_oracle() -> None:
+    exact = waiting_line_oracle()
+    assert exact.calibration.exact
+    logits, _ = _answer_logits(exact, "shuffle")
+    assert logits.min() == NEG_LOGIT  # impossible tokens keep the exact oracle's logit
+
+
+def test_floor_makes_margins_finite_and_keeps_the_argmax() -> None:
+    exact = waiting_line_oracle()
+    cal = exact.calibrated(floor=1e-6)
+    for task in ("copy", "insert_random"):
+        e, _ = _answer_logits(exact, task)
+        c, _ = _answer_logits(cal, task)
+        assert torch.equal(e.argmax(-1), c.argmax(-1))
+        top2 = c.topk(2, dim=-1).values
+        margin = top2[..., 0] - top2[..., 1]
+        assert margin.max() == pytest.approx(-torch.log(torch.tensor(1e-6)).item(), rel=1e-4)
+        assert c.min() > -14.0
+
+
+def test_temperature_scales_and_noise_is_seeded_per_prompt() -> None:
+    base = waiting_line_oracle().calibrated(floor=1e-6)
+    hot = waiting_line_oracle().calibrated(floor=1e-6, temperature=2.0)
+    a, _ = _answer_logits(base, "copy")
+    b, _ = _answer_logits(hot, "copy")
+    assert torch.allclose(b, a / 2)
+    noisy = waiting_line_oracle().calibrated(floor=1e-6, noise=0.5, seed=3)
+    n1, _ = _answer_logits(noisy, "copy")
+    n2, _ = _answer_logits(noisy, "copy")
+    assert torch.equal(n1, n2) and not torch.equal(n1, a)
+    other = waiting_line_oracle().calibrated(floor=1e-6, noise=0.5, seed=4)
+    assert not torch.equal(_answer_logits(other, "copy")[0], n1)
+
+
+def test_confusion_moves_mass_to_a_name_with_the_same_first_name() -> None:
+    cal = waiting_line_oracle().calibrated(floor=1e-9, confusion=0.2)
+    logits, recs = _answer_logits(cal, "copy", 1)
+    probs = logits.double().softmax(-1)[0]
+    first = json.loads(recs[0]["input"]["context"])[0]
+    pos = 1  # the first name of the answer
+    top2 = probs[pos].topk(2)
+    assert cal.vocab[int(top2.indices[0])] == first
+    assert top2.values[0].item() == pytest.approx(0.8, abs=1e-4)
+    assert top2.values[1].item() == pytest.approx(0.2, abs=1e-4)
+    assert cal.vocab[int(top2.indices[1])].split()[0] == first.split()[0]
+
+
+@pytest.mark.parametrize("bad", [{"floor": -1.0}, {"temperature": 0.0}, {"noise": float("nan")},
+                                 {"confusion": 1.0}, {"temperature": "hot"}, {"seed": 1.5}])
+def test_calibration_rejects_bad_knobs(bad: dict) -> None:
+    with pytest.raises(ValueError, match="calibration"):
+        Calibration(**bad)
+
+
+def _sched_run(oracle, tau_low: float) -> tuple[float, float]:
+    rows = decode_tasks(oracle, oracle, 6, policy="sched", base="low_confidence",
+                        tau_low=tau_low, tau_high=max(7.5, tau_low))
+    flat = [r for v in rows.values() for r in v]
+    return (sum(r["valid"] for r in flat) / len(flat), sum(r["nfe"] for r in flat) / len(flat))
+
+
+def test_sched_responds_to_tau_low_on_the_calibrated_oracle(one_thread: None) -> None:
+    """On the exact oracle SchED exits at NFE 2 whatever tau_low; on the calibrated one its
+    NFE and accuracy move monotonically with tau_low (0 -> 2.5 -> 5)."""
+    exact = waiting_line_oracle()
+    assert _sched_run(exact, 0.0) == _sched_run(exact, 5.0)
+    cal = waiting_line_oracle().calibrated(floor=1e-6, temperature=2.0)
+    runs = [_sched_run(cal, t) for t in (0.0, 2.5, 5.0)]
+    accs, nfes = zip(*runs, strict=True)
+    assert nfes[0] < nfes[1] < nfes[2]
+    assert accs[0] < accs[1] <= accs[2]
+
+
+# ---- word-level vocabulary, tokenizer, records -------------------------------------------------
+
+def test_tokenizer_round_trips_the_oracle_ids(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    oracle = waiting_line_oracle()
+    write_tokenizer(oracle, tmp_path)
+    tok = AutoTokenizer.from_pretrained(tmp_path)
+    assert len(tok) == oracle.vocab_size
+    for task in ("insert_index", "replace_random", "reverse"):
+        for rec in waiting_line_records(task, 3):
+            ids = oracle.encode_prompt(task, rec)
+            assert tok(prompt_text(oracle, ids))["input_ids"] == ids
+    assert tok.mask_token_id == oracle.mask_token_id and tok.eos_token_id == oracle.eos_token_ids[0]
+
+
+def test_records_use_the_pool_and_splits_are_disjoint() -> None:
+    test = waiting_line_records("copy", 40)
+    train = waiting_line_records("copy", 40, seed=1, split="train")
+    names = set(TESTBED_NAMES)
+    for rec in test + train:
+        items = json.loads(rec["input"]["context"])
+        assert 3 <= len(items) <= 5 and set(items) <= names
+    assert not {r["input"]["context"] for r in test} & {r["input"]["context"] for r in train}
+
+
+def test_grade_accepts_any_valid_answer() -> None:
+    rec = waiting_line_records("insert_random", 1, length=3)[0]
+    items = json.loads(rec["input"]["context"])
+    word = rec["input"]["word"]
+    assert grade("insert_random", rec, json.dumps([word, *items]))
+    assert grade("insert_random", rec, json.dumps([*items, word]))
+    assert not grade("insert_random", rec, json.dumps(items))
+    assert not grade("insert_random", rec, "not json")
+
+
+# ---- distillation trainer -----------------------------------------------------------------------
+
+def test_distill_runs_resumes_and_exports(tmp_path: Path, one_thread: None) -> None:
+    from dllm_decode import load_model
+    from dllm_decode.train.distill import DistillConfig, distill
+
+    common = dict(family="dream", hidden=32, layers=1, heads=2, intermediate=64, batch_size=4,
+                  log_every=2, ckpt_every=2, eval_every=0, eval_size=1)
+    straight = distill(DistillConfig(out=str(tmp_path / "a"), steps=4, **common))
+    distill(DistillConfig(out=str(tmp_path / "b"), steps=2, **common))
+    distill(DistillConfig(out=str(tmp_path / "b"), steps=4, resume=True, **common))
+    a = (tmp_path / "a/loss.csv").read_text().splitlines()
+    b = (tmp_path / "b/loss.csv").read_text().splitlines()
+    assert [r.split(",")[:3] for r in a] == [r.split(",")[:3] for r in b]  # step, loss, kl
+    assert straight["steps_done"] == 4
+    model = load_model(tmp_path / "a/model")
+    assert model.vocab_size == waiting_line_oracle().vocab_size
+    with pytest.raises(FileExistsError, match="--resume"):
+        distill(DistillConfig(out=str(tmp_path / "a"), steps=4, **common))
+
+
+# ---- evaluation defaults that fit the bundled checkpoints -----------------------------------------
+
+def test_grids_naming_a_bundled_tiny_model_are_zero_shot() -> None:
+    for path in sorted((ROOT / "benchmarks/grids").glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        if str(raw.get("model", "")).startswith("tiny-"):
+            assert raw.get("icl_examples") == 0, f"{path.name} renders one-shot prompts"
+
+
+def test_readme_grid_scores_above_zero_on_the_bundled_model(tmp_path: Path,
+                                                            one_thread: None) -> None:
+    from dllm_decode.eval.runner import run_sweep
+
+    readme = (ROOT / "README.md").read_text()
+    assert "--grid benchmarks/grids/tiny_cpu.yaml" in readme
+    args = types.SimpleNamespace(grid=str(ROOT / "benchmarks/grids/tiny_cpu.yaml"),
+                                 out=str(tmp_path / "pb"), limit=2, no_progress=True)
+    summary = run_sweep(args)
+    rows = [json.loads(line) for line in Path(summary.rows_path).read_text().splitlines()]
+    copy = [r["score"] for r in rows if r["task"] == "waiting_line/copy"]
+    assert copy and sum(copy) > 0
