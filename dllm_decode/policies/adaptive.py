@@ -11,13 +11,20 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import rank_desc, top1_mask
+from dllm_decode.policies.base import rank_desc, step_score, top1_mask
 from dllm_decode.types import ScoreKind, StepState
+
+#: dParallel's entropy threshold per model family (released eval scripts: LLaDA ``eval.sh``
+#: 0.5, Dream ``eval_instruct/eval.sh`` 0.45); any other family gets LLaDA's
+DPARALLEL_THETA: Final = {"llada": 0.5, "dream": 0.45}
+#: dParallel's ``log(p + eps)`` guard in its float64 entropy
+DPARALLEL_LOG_EPS: Final = 1e-12
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,9 @@ class Threshold:
 
     ``tau = 0.9`` is the default of every Fast-dLLM script; ``tau > 1`` degenerates to one
     token per step. Comparison is ``>=`` as in the reference (``score == tau`` is kept).
+    ``score`` is any ``ScoreKind``; ``random`` is Fast-dLLM's ``remasking="random"``: the
+    confidences are one float32 ``rand([B, fed width])`` per step drawn after the proposal's
+    Gumbel noise, so ``rng="reference"`` reproduces the reference's draws.
     """
 
     tau: float = 0.9
@@ -36,7 +46,7 @@ class Threshold:
         object.__setattr__(self, "score", ScoreKind(self.score))
 
     def select(self, state: StepState) -> Tensor:
-        score = state.proposal.score(self.score)
+        score = step_score(state, self.score)  # ``random``: float32 uniforms, one draw per step
         return (state.eligible & (score >= self.tau)) | top1_mask(score, state.eligible)
 
 
@@ -48,6 +58,8 @@ class Factor:
     Rationale (Theorem 1 of the paper): n tokens with confidence > 1 - eps each and
     ``(n + 1) eps <= 1`` decode in parallel exactly as sequentially. ``last_rank_quirk``
     reproduces the released code, which commits *all* ranks when only the last one fails.
+    ``score`` is any ``ScoreKind``, ``random`` included (see ``Threshold``); random
+    confidences are compared in float32, as the reference compares its ``rand`` values.
     """
 
     factor: float = 1.0
@@ -61,12 +73,16 @@ class Factor:
             raise ValueError(f"factor must be > 0, got {self.factor}")
 
     def select(self, state: StepState) -> Tensor:
-        score = state.proposal.score(self.score).double()
+        score = step_score(state, self.score)
+        # the reference compares float64 softmax confidences, but float32 ``rand`` uniforms
+        # against thresholds rounded to float32 (tensor-vs-Python-float comparison)
+        if self.score is not ScoreKind.RANDOM:
+            score = score.double()
         eligible = state.eligible
         length = score.shape[-1]
         ranks = rank_desc(score, eligible)
         n = torch.arange(1, length + 1, device=score.device, dtype=torch.float64)
-        thresh = 1.0 - self.factor / (n + 1.0)
+        thresh = (1.0 - self.factor / (n + 1.0)).to(score.dtype)
         thresh[0] = -1.0
         sorted_score = torch.full_like(score, -torch.inf)
         sorted_score.scatter_(-1, ranks.clamp(max=length - 1),
@@ -103,12 +119,40 @@ class EntropyBounded:
 
 @dataclass(frozen=True)
 class EntropyThreshold:
-    """dParallel: commit the lowest-entropy eligible position plus every one with H < theta
-    (theta 0.5 for LLaDA, 0.45 for Dream in the released scripts)."""
+    """dParallel: commit the lowest-entropy eligible position plus every one with H < theta.
 
-    theta: float = 0.5
+    ``theta=None`` takes the family default of the released scripts when the sampler binds
+    the policy to its model (``DPARALLEL_THETA``: 0.5 LLaDA, 0.45 Dream; 0.5 unbound). The
+    entropy is computed as the authors do, ``-sum p log(p + 1e-12)`` of the float64 softmax of
+    the step's logits (``needs_logits``), at every scored position; only without logits (a
+    caller building ``StepState`` by hand) the proposal's float32 entropy is used.
+    """
+
+    theta: float | None = None
     budgeted: bool = False
+    needs_logits: bool = True
+
+    def bind(self, model: Any, cfg: Any = None) -> EntropyThreshold:
+        """With ``theta`` resolved for ``model``'s family (unchanged if given)."""
+        if self.theta is not None:
+            return self
+        family = getattr(model, "family", "")
+        return replace(self, theta=DPARALLEL_THETA.get(family, DPARALLEL_THETA["llada"]))
+
+    @staticmethod
+    def entropy(state: StepState) -> Tensor:
+        """``[B, L]`` float64 entropy at the scored rows (``+inf`` elsewhere). No host sync."""
+        if state.logits is None or state.rows is None:
+            return (-state.proposal.neg_entropy.double()).masked_fill(~state.fresh, torch.inf)
+        p = torch.softmax(state.logits.double(), dim=-1)
+        h = -(p * torch.log(p + DPARALLEL_LOG_EPS)).sum(-1)  # [B, R]
+        b, length = state.eligible.shape
+        full = torch.full((b, length), torch.inf, dtype=torch.float64, device=h.device)
+        rows = state.rows.expand(b, -1) if state.rows.dim() == 1 else state.rows
+        full.scatter_(1, rows, h)  # repeated (padding) entries carry the same value
+        return full
 
     def select(self, state: StepState) -> Tensor:
-        neg_h = state.proposal.neg_entropy
-        return (state.eligible & (-neg_h < self.theta)) | top1_mask(neg_h, state.eligible)
+        theta = self.theta if self.theta is not None else DPARALLEL_THETA["llada"]
+        h = self.entropy(state)
+        return (state.eligible & (h < theta)) | top1_mask(-h, state.eligible)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.base import random_scores, step_score, topk_mask
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -37,7 +37,7 @@ class TopK:
             raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp}")
 
     def select(self, state: StepState) -> Tensor:
-        score = state.proposal.score(self.score)
+        score = step_score(state, self.score)
         budget = state.budget
         if not self.alg_temp:
             return topk_mask(score, state.eligible, budget)
@@ -62,12 +62,7 @@ class RandomOrder:
     budgeted: bool = True
 
     def select(self, state: StepState) -> Tensor:
-        b, length = state.eligible.shape
-        u = torch.rand((b, state.forward_width), generator=state.generator,
-                       device=state.eligible.device)
-        score = torch.zeros((b, length), device=u.device, dtype=u.dtype)
-        score[:, state.forward_start:state.forward_start + state.forward_width] = u
-        return topk_mask(score, state.eligible, state.budget)
+        return topk_mask(random_scores(state), state.eligible, state.budget)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import rank_desc, topk_mask
+from dllm_decode.policies.base import rank_desc, step_score, topk_mask
 from dllm_decode.policies.registry import register
 from dllm_decode.types import ScoreKind, StepState
 
@@ -192,7 +192,7 @@ class CCD:
         """Commit mask ``[B, L]``; updates the buffer and the argmax record. No host sync."""
         mem: CCDMemory = state.memory
         k, eligible = state.budget, state.eligible
-        score, greedy = state.proposal.score(self.score), state.proposal.greedy
+        score, greedy = step_score(state, self.score), state.proposal.greedy
         ranks = rank_desc(score, eligible)
         top = eligible & (ranks < k[:, None])
         v = self.width(state.step, k)

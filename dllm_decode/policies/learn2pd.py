@@ -34,7 +34,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor, nn
 
-from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.base import bind_of, step_score, topk_mask
 from dllm_decode.policies.confidence import TopK
 from dllm_decode.policies.learn2pd_filter import (
     DEFAULT_ACCEPT_THRES,
@@ -202,7 +202,7 @@ class Learn2PD:
     def select(self, state: StepState) -> Tensor:
         accept = self.accepted(state)
         state.extras[ACCEPTED] = accept
-        score = state.proposal.score(self.fallback)
+        score = step_score(state, self.fallback)
         b = score.shape[0]
         if state.budget is None:
             k = torch.ones(b, dtype=torch.long, device=score.device)
@@ -289,8 +289,9 @@ class FullSpan:
         return self.inner.select(state)
 
     def bind(self, model: Any, cfg: Any = None) -> FullSpan:
-        bind = getattr(self.inner, "bind", None)
-        return self if bind is None else replace(self, inner=bind(model, cfg))
+        """A ``FullSpan`` around the bound inner selector (never the inner one alone)."""
+        inner = bind_of(self.inner, model, cfg)
+        return self if inner is self.inner else replace(self, inner=inner)
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner" or name.startswith("__"):

@@ -23,7 +23,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.adaptive import EntropyBounded
-from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.base import step_score, topk_mask
 from dllm_decode.policies.confidence import TopK
 from dllm_decode.policies.registry import register
 from dllm_decode.types import ScoreKind, Selection, StepState
@@ -44,7 +44,7 @@ class DynamicThreshold:
         object.__setattr__(self, "score", ScoreKind(self.score))
 
     def select(self, state: StepState) -> Tensor:
-        score = state.proposal.score(self.score)
+        score = step_score(state, self.score)
         if state.steps_left == 1:
             return state.eligible
         budget = state.budget
@@ -71,7 +71,7 @@ class BudgetCapped:
         chosen = chosen.commit if isinstance(chosen, Selection) else chosen
         if state.budget is None:
             return chosen
-        return chosen & topk_mask(state.proposal.score(self.score), chosen, state.budget)
+        return chosen & topk_mask(step_score(state, self.score), chosen, state.budget)
 
 
 @dataclass(frozen=True)

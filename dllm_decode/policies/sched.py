@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import init_memory_of
+from dllm_decode.policies.base import bind_of, init_memory_of
 from dllm_decode.policies.registry import Policy, make_policy, register
 from dllm_decode.types import StepState
 
@@ -292,10 +292,19 @@ class Supervised:
     selector's). ``select`` runs the base selector with its own memory; the stopper finds its
     memory at ``state.memory.stopper``. Any other attribute is the base selector's.
     The base sees the sampler's per-row budgets: stops are per row, so rows diverge.
+    ``bind`` binds the base and the stopper and returns a ``Supervised`` again, whatever the
+    base's ``bind`` returns, so the paired memory survives any base (Learn2PD, EoTP, ...).
     """
 
     selector: Any
     stopper: Any
+
+    def bind(self, model: Any, cfg: Any = None) -> Supervised:
+        """A copy with the base selector and the stopper bound to ``model`` / ``cfg``."""
+        sel, stop = bind_of(self.selector, model, cfg), bind_of(self.stopper, model, cfg)
+        if sel is self.selector and stop is self.stopper:
+            return self
+        return replace(self, selector=sel, stopper=stop)
 
     def __getattr__(self, name: str) -> Any:
         # every other selector attribute the sampler reads (budgeted, full_span, lookahead,

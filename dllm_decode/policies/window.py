@@ -23,7 +23,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.base import step_score, topk_mask
 from dllm_decode.policies.registry import Policy, register
 from dllm_decode.types import ScoreKind, StepState
 
@@ -45,7 +45,7 @@ class WindowTopK:
     def select(self, state: StepState) -> Tensor:
         if state.steps_left == 1:  # the block's last step: finish it
             return state.eligible
-        return topk_mask(state.proposal.score(self.score), state.eligible, state.budget)
+        return topk_mask(step_score(state, self.score), state.eligible, state.budget)
 
 
 @dataclass(frozen=True)
@@ -72,7 +72,7 @@ class WindowDream:
         budget = state.budget
         if budget is None or self.early_stop:
             budget = torch.ones(b, dtype=torch.long, device=eligible.device)
-        ranked = topk_mask(state.proposal.score(self.score), eligible, budget)
+        ranked = topk_mask(step_score(state, self.score), eligible, budget)
         if state.steps_left == 1:
             return eligible
         full = state.refreshed
