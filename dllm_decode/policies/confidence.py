@@ -77,6 +77,8 @@ class Origin:
     budgeted: bool = False
     proposes_after_select: bool = True
     may_commit_nothing: bool = True
+    #: the reveal probability comes from Dream's time grid, whatever the model family
+    preferred_schedule: str = "dream"
 
     def select(self, state: StepState) -> Tensor:
         if state.times is None:

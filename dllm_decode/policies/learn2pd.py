@@ -300,8 +300,11 @@ class FullSpan:
 
 
 def with_eotp(policy: Any, eos_token_ids: tuple[int, ...] | None = None) -> Policy:
-    """Compose EoTP with any policy (a preset name, a ``Policy`` or a selector)."""
+    """Compose EoTP with any policy (a preset name, a ``Policy`` or a selector); a policy that
+    already truncates (``eotp``, ``learn2pd_eot``) is refused rather than silently replaced."""
     base = make_policy(policy)
+    if base.truncator is not None:
+        raise ValueError(f"policy {base.name!r} already has a truncator ({base.truncator!r})")
     sel = base.selector
     if not getattr(sel, "full_span", False):
         sel = FullSpan(sel)
