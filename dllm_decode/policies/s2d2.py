@@ -254,10 +254,12 @@ def s2d2(
     gamma: float = 1.0,
     allow_resample: bool = True,
     causal_prefix: bool = True,
+    draft_causal: bool = True,
 ) -> Any:
     """Build the S2D2 selector (defaults: SDAR Config-A of the paper's README: score threshold
     0, static score, c = 1, soft entropy estimator, dynamic-threshold fallback at 0.85,
-    AR-like prefix caching).
+    AR-like prefix caching ``causal_prefix`` = ``cache_ver``, partially-causal drafting
+    ``draft_causal`` = ``draft_ver``).
 
     ``router``: ``never`` | ``always`` | ``mask_span_length`` (``tau_span``) |
     ``score_threshold`` (``tau_score``) | ``score_hysteresis`` (``tau_on`` > ``tau_off``) |
@@ -286,7 +288,8 @@ def s2d2(
                                    coef=margin_coef)
     return spec.SelfSpeculative(router=routers[router](), estimator=est,
                                 base=FALLBACKS[fallback](tau, eb_gamma), tau=tau, gamma=gamma,
-                                allow_resample=allow_resample, causal_prefix=causal_prefix)
+                                allow_resample=allow_resample, causal_prefix=causal_prefix,
+                                draft_causal=draft_causal)
 
 
 register("low_confidence_dynamic", lambda **kw: DynamicThreshold(**kw))

@@ -214,7 +214,12 @@ class SelfSpeculative:
 
     Block-diffusion models only (``state.model.block_size``); prefers ``cache="block_causal"``
     (works with ``none``, recomputing the prefix inside the verify forward) and AR-like prefix
-    caching (``causal_prefix``), under which the verifier equals a true block-size-1 forward.
+    caching (``causal_prefix``, the reference's ``cache_ver``), under which the verifier equals
+    a true block-size-1 forward. ``draft_causal`` (the reference's ``draft_ver``, paper Eq. 4;
+    both on in Config-A, the default): in the step's draft forward, the already-decoded
+    positions of the current block left of its first mask attend causally, as they will in the
+    verifier and in the AR-like cache, so the draft of the masked positions is conditioned on
+    the same prefix representations (the sampler passes the flag to the cache plan).
     Fewer than ``min(budget, eligible)`` commits from verification -> ``base`` commits the
     rest of that budget among the remaining positions; on the block's last scheduled step
     every remaining position is committed (an adaptive base may commit fewer than owed).
@@ -230,6 +235,7 @@ class SelfSpeculative:
     gamma: float = 1.0
     allow_resample: bool = True
     causal_prefix: bool = True
+    draft_causal: bool = True
     budgeted: bool = True
     needs_logits: bool = True
     preferred_cache: str = "block_causal"
