@@ -7,6 +7,26 @@
   Bounded Unmasking", arXiv 2505.24857.
 * dParallel entropy threshold: Chen et al., "dParallel: Learnable Parallel Decoding for
   dLLMs", arXiv 2509.26488.
+
+Deviations from the papers / released code:
+
+* all rules: the mask token is never a candidate (its logit is -inf before anything is
+  scored; the references keep it in the softmax); rows of a batch are independent (Fast-dLLM's
+  factor rule and dual cache crash for batch > 1, dParallel / EB code is batch 1); ties go
+  to the lower index (``torch.topk`` order in the references); no host sync.
+* Fast-dLLM ``threshold`` / ``factor``: ``prob`` confidences are the float32 probabilities of
+  the proposal (the reference softmax is float64; every conformance case matches); ``factor``
+  follows the paper's rule by default, ``last_rank_quirk=True`` reproduces the released
+  code's commit-all-when-only-the-last-rank-fails; cached loops follow the later revision
+  (f6b35ec), not 24cc59e's wasted forward when the refresh already finished the block.
+  ``score="random"`` draws exactly as ``remasking="random"`` (see ``Threshold``).
+* EB-sampler: entropy is the proposal's float32 entropy; only the entropy error proxy;
+  ``gamma=0.1`` is the default of public re-implementations (no official code).
+* dParallel: the entropy is float64 as the authors compute it, but of the logits with the mask
+  token removed; ``remasking="random"`` (random "entropies") is not provided; the authors'
+  prefix / dual-cache loops are the library's cache modes (any ``cache=``); only the decoding
+  rule is here, the certainty-forcing distillation that makes it fast is training
+  (``dllm_decode.train``).
 """
 
 from __future__ import annotations

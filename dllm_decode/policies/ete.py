@@ -10,6 +10,14 @@ tokens whose commitment makes many others confident (a cascade).
 The bits-per-round diagnostic the abstract motivates is computed by the sampler for every
 policy: ``Generation.bits`` ``[B, steps]`` (sum of -log p of each round's commits, nats),
 ``Generation.nll`` and ``Generation.rounds_lower_bound(budget_nats)``.
+
+Deviations from the paper: the selector as a whole is a reconstruction (no algorithm box, no
+code, no hyperparameters were available): the exploit threshold, the information budget, the
+exploration target (highest entropy in the earliest open block), the per-block progress rule and
+the lookahead window are ours; exploration is not speculative (never rolled back); on
+block-causal models cross-block lookahead is off unless ``cross_block=True`` (those models are
+not trained to predict past the current block; the paper's "cross-block decoding" is stated for
+semi-autoregressive decoding of bidirectional models).
 """
 
 from __future__ import annotations

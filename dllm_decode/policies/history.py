@@ -7,6 +7,17 @@
 
 Both keep explicit per-generation memory (``init_memory``), updated in place each step; both are
 budgeted: when their own rule does not fire they commit the schedule's top-k.
+
+Deviations from the papers / released code (details in the class docstrings):
+
+* KLASS: the previous distribution is kept as float32 log-probabilities (the code keeps fp64
+  probabilities); at T > 0 KL and confidence are noise-free (the code uses Gumbel-noised
+  logits); a KL needs a fresh score at the previous step too (under ``dual`` a block's first
+  step has none); the block's last scheduled step commits every eligible position.
+* CCD-DS: the paper's sliding-window average over d contexts is not in the released code and
+  not here; the code's no-op "draft size 2V" and overridden buffer reset are omitted; the
+  released code is Dream-only, the rule runs on any family here.
+* both: the mask token is never proposed; rows are independent; ties go to the lower index.
 """
 
 from __future__ import annotations

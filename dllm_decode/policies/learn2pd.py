@@ -21,6 +21,22 @@ Features (a filter is tied to a model, a block length and a feature):
 ``llada_prob_all``: probability of the proposed token at all K block positions, decoded ones
 included (the model's confidence in its own argmax there); ``dream_negent_masked``:
 ``sum p log p`` at masked positions, 0 at decoded ones.
+
+Deviations from the paper / released code:
+
+* the filter's activation is not given by the paper (its class file was not readable): ReLU
+  by default, recorded with each saved filter; the Dream fallback score (negative entropy) is
+  our assumption (the paper has no Dream decoder);
+* Learn2PD's scheduled top-k fallback commits everything left at a block's last scheduled
+  step (the reference's schedule can leave masks behind with Dream's batch-mean budget);
+* EoTP: per row (the reference is batch 1); the fallback scans only *fresh* masked positions
+  (every one with ``full_span``, which ``EoTP`` asks for; under ``dual`` the rest are stale);
+  truncation fills the dead tail with the EOS id and hides those keys from later forwards
+  (``plan.restrict``) instead of slicing the canvas and the K/V cache;
+* EoTP over any selector (``with_eotp``) and the ``eotp`` preset (the paper's
+  ``generate_predict_eot``: EoTP over top-k ``low_confidence``) are compositions the paper
+  runs only with LLaDA; a policy that already truncates is refused, not replaced;
+* the mask token is never proposed (its logit is -inf), so it never reaches the filter input.
 """
 
 from __future__ import annotations

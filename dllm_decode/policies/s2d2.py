@@ -12,6 +12,12 @@
   flat parameters (CLI / config friendly).
 
 Registering happens on import; ``make_policy("s2d2")`` works once this module is imported.
+
+Deviations from the released code: ``low_confidence_dynamic`` ranks with ties to the lower index
+and commits everything left at a block's last scheduled step; the score-hysteresis router
+switches on with the code's strict ``>`` (the paper writes ``>=``); the EB fallback uses the
+full-distribution entropy (the reference's SDAR fallback uses a scalar "entropy" of ``x0_p``).
+The S2D2 selector's own list is in ``dllm_decode.samplers.speculative``.
 """
 
 from __future__ import annotations

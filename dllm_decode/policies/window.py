@@ -14,6 +14,12 @@ among them:
 
 Both prefer ``cache="window"``; window sizes and the refresh cycle are ``SamplerConfig``
 fields (``window_tokens``, ``active_tokens``, ``refresh_every``).
+
+Deviations from the paper / released code (planner details in ``dllm_decode.cache.window``):
+rows keep their own phases (the LLaDA code is batch 1); the Dream active set excludes positions
+decoded before the phase; a block's last scheduled step ends generation with a full step when
+masks would be left; the script defaults (W 64 / A 16 / R 32 LLaDA, o 128 / i 16 / R 32 Dream)
+are used, not the function-signature defaults; the mask token is never proposed.
 """
 
 from __future__ import annotations
