@@ -26,6 +26,9 @@ class ScoreKind(str, Enum):
     MARGIN = "margin"  # top1 - top2 probability (Dream topk_margin)
     NEG_ENTROPY = "neg_entropy"  # sum p log p (Dream entropy)
     LOGIT_MARGIN = "logit_margin"  # top1 - top2 logit (SchED, Prophet)
+    #: uniform draws per step (LLaDA / Fast-dLLM ``remasking="random"``); not a proposal field:
+    #: selectors get it from ``policies.base.step_score``, which draws from the step's generator
+    RANDOM = "random"
 
 
 class CacheMode(str, Enum):
@@ -69,7 +72,11 @@ class Proposal:
         return self.tokens if self.argmax is None else self.argmax
 
     def score(self, kind: ScoreKind) -> Tensor:
-        """The ``[B, N]`` score of the given kind."""
+        """The ``[B, N]`` score of the given kind (``random`` is drawn per step, not stored:
+        use ``dllm_decode.policies.base.step_score``)."""
+        if ScoreKind(kind) is ScoreKind.RANDOM:
+            raise ValueError("score 'random' is drawn per step from the sampler's generator; "
+                             "selectors read it with dllm_decode.policies.base.step_score")
         return {
             ScoreKind.PROB: self.prob,
             ScoreKind.MARGIN: self.margin,

@@ -1,16 +1,57 @@
-"""Helpers mapping the reference decoders' recorded cases onto ``DiffusionSampler`` settings."""
+"""Helpers mapping the reference decoders' recorded cases onto ``DiffusionSampler`` settings.
+
+Every field of a case is either mapped onto a sampler setting, checked against the model or the
+case itself, or listed as description / expected output below. Anything else raises
+``UnmappedCaseField``: a case from a newer recording with a setting this harness does not know
+fails loudly instead of being reproduced with that setting silently dropped.
+"""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, Final
 
 import pytest
 import torch
 
 SHARED = Path(__file__).resolve().parents[1].parent / "shared"
 CONFORMANCE = SHARED / "conformance"
+
+#: case fields that describe the recording and set nothing
+INFO: Final = frozenset({
+    "name", "description", "notes", "reference", "reference_repo", "reference_path",
+    "reference_function", "reference_commit", "model_forward", "rng", "checks", "call",
+    "cross_checked_with", "differs_from",
+})
+#: recorded outputs: compared by the tests (``output_ids``, ``nfe``) or consistency-checked
+#: here (``answer_ids``); the per-forward traces are diagnostics for a failing case
+EXPECTED: Final = frozenset({
+    "output_ids", "answer_ids", "nfe", "nfe_reported_by_reference", "forward_input_ids",
+    "forward_kinds", "commits_per_step",
+})
+#: inputs, mapped by ``tensors``
+INPUTS: Final = frozenset({"prompt_ids", "attention_mask", "seed"})
+LLADA_TOP: Final = INFO | EXPECTED | INPUTS | {"settings", "args"}
+DREAM_TOP: Final = INFO | EXPECTED | INPUTS | {"effective_generation_config", "args"}
+#: LLaDA / Fast-dLLM settings this harness maps (``settings`` and the call's ``args``)
+LLADA_SETTINGS: Final = frozenset({
+    "steps", "gen_length", "block_length", "temperature", "remasking", "cfg_scale",
+    "threshold", "factor", "mask_id", "seed", "batch_size", "cache", "logits_eos_inf",
+    "confidence_eos_eot_inf",
+})
+DREAM_SETTINGS: Final = frozenset({
+    "alg", "alg_temp", "eps", "steps", "max_new_tokens", "max_length", "temperature", "top_k",
+    "top_p", "mask_token_id", "eos_token_id", "pad_token_id",
+})
+#: ``remasking`` -> the score ranking candidates (``threshold``/``factor``: what is compared)
+REMASKING: Final = {"low_confidence": "prob", "random": "random"}
+CACHES: Final = frozenset({"none", "prefix", "dual"})
+DREAM_ALGS: Final = frozenset({"origin", "maskgit_plus", "topk_margin", "entropy"})
+
+
+class UnmappedCaseField(ValueError):
+    """A case carries a field or a value this harness does not reproduce."""
 
 
 def require_shared(path: Path) -> Path:
@@ -26,32 +67,106 @@ def load_cases(family_dir: str) -> list[dict[str, Any]]:
     return json.loads(path.read_text())
 
 
-def llada_settings(case: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(policy, sampler kwargs) reproducing a LLaDA / Fast-dLLM case."""
-    s = case["settings"]
+def _only(fields: Any, known: frozenset[str], where: str, case: dict[str, Any]) -> None:
+    unknown = sorted(set(fields) - known)
+    if unknown:
+        raise UnmappedCaseField(f"{case.get('name')}: {where} field(s) {unknown} are not mapped "
+                                "by tests/conformance.py")
+
+
+def _consistent(case: dict[str, Any], merged: dict[str, Any], args: dict[str, Any],
+                where: str) -> None:
+    """``args`` (what the reference call passed) must agree with the effective settings."""
+    for key, value in args.items():
+        if key in merged and merged[key] != value:
+            raise UnmappedCaseField(f"{case.get('name')}: {where} {key}={merged[key]!r} but the "
+                                    f"call passed {value!r}")
+
+
+def _check_answer(case: dict[str, Any]) -> None:
+    if "answer_ids" in case:
+        p = len(case["prompt_ids"][0])
+        if [row[p:] for row in case["output_ids"]] != case["answer_ids"]:
+            raise UnmappedCaseField(f"{case.get('name')}: answer_ids is not output_ids[:, P:]")
+
+
+def _check_ids(case: dict[str, Any], model: Any, ids: dict[str, int | None]) -> None:
+    """Token ids the reference was called with must be the model's."""
+    if model is None:
+        return
+    eos = tuple(getattr(model, "eos_token_ids", ()) or ())
+    for key, value in ids.items():
+        if value is None:
+            continue
+        ok = (value == model.mask_token_id if key.startswith("mask") else value in eos)
+        if not ok:
+            raise UnmappedCaseField(f"{case.get('name')}: {key}={value} does not match the model "
+                                    f"(mask {model.mask_token_id}, eos {eos})")
+
+
+def llada_settings(case: dict[str, Any], model: Any = None) -> tuple[str, dict[str, Any]]:
+    """(policy, sampler kwargs) reproducing a LLaDA / Fast-dLLM case; raises
+    ``UnmappedCaseField`` on any field or value it does not reproduce."""
+    _only(case, LLADA_TOP, "case", case)
+    s, args = case["settings"], case.get("args") or {}
+    _only(s, LLADA_SETTINGS, "settings", case)
+    _only(args, LLADA_SETTINGS, "args", case)
+    _consistent(case, s, args, "settings")
+    merged = {**args, **s}
+    _check_answer(case)
+    _check_ids(case, model, {"mask_id": merged.get("mask_id")})
+    if merged.get("seed", case["seed"]) != case["seed"]:
+        raise UnmappedCaseField(f"{case['name']}: settings seed != case seed")
+    if merged.get("batch_size", len(case["prompt_ids"])) != len(case["prompt_ids"]):
+        raise UnmappedCaseField(f"{case['name']}: batch_size != number of prompts")
+    remasking = merged.get("remasking", "low_confidence")
+    cache = merged.get("cache") or "none"
+    if remasking not in REMASKING or cache not in CACHES:
+        raise UnmappedCaseField(f"{case['name']}: remasking={remasking!r} / cache={cache!r}")
     params: dict[str, Any] = dict(
-        gen_length=s["gen_length"], block_length=s["block_length"], steps=s["steps"],
-        temperature=s["temperature"], cfg_scale=s.get("cfg_scale") or 0.0,
-        seed=case["seed"], rng="reference", allow_prompt_masks=True, sampling="gumbel",
-        schedule="llada", exact_steps=True,
+        gen_length=merged["gen_length"], block_length=merged["block_length"],
+        steps=merged["steps"], temperature=merged["temperature"],
+        cfg_scale=merged.get("cfg_scale") or 0.0, seed=case["seed"], rng="reference",
+        allow_prompt_masks=True, sampling="gumbel", schedule="llada", exact_steps=True,
+        logits_eos_inf=bool(merged.get("logits_eos_inf")),
+        confidence_eos_eot_inf=bool(merged.get("confidence_eos_eot_inf")),
     )
-    if s.get("cache", "none") != "none":
-        params["cache"] = s["cache"]
-    if s.get("threshold") is not None:
-        return "threshold", params | {"tau": s["threshold"]}
-    if s.get("factor") is not None:
-        return "factor", params | {"factor": s["factor"], "last_rank_quirk": True}
-    return ("random" if s["remasking"] == "random" else "low_confidence"), params
+    if cache != "none":
+        params["cache"] = cache
+    threshold, factor = merged.get("threshold"), merged.get("factor")
+    if threshold is not None and factor is not None:
+        raise UnmappedCaseField(f"{case['name']}: both threshold and factor are set")
+    score = REMASKING[remasking]
+    if threshold is not None:
+        return "threshold", params | {"tau": threshold, "score": score}
+    if factor is not None:
+        return "factor", params | {"factor": factor, "last_rank_quirk": True, "score": score}
+    return ("random" if remasking == "random" else "low_confidence"), params
 
 
-def dream_settings(case: dict[str, Any]) -> tuple[str, dict[str, Any]]:
-    """(policy, sampler kwargs) reproducing a Dream ``diffusion_generate`` case."""
-    e = case["effective_generation_config"]
+def dream_settings(case: dict[str, Any], model: Any = None) -> tuple[str, dict[str, Any]]:
+    """(policy, sampler kwargs) reproducing a Dream ``diffusion_generate`` case (run with the
+    case's *effective* generation config); raises ``UnmappedCaseField`` on anything else."""
+    _only(case, DREAM_TOP, "case", case)
+    e, args = case["effective_generation_config"], case.get("args") or {}
+    _only(e, DREAM_SETTINGS, "effective_generation_config", case)
+    _only(args, DREAM_SETTINGS, "args", case)
+    _consistent(case, e, args, "effective_generation_config")
+    _check_answer(case)
+    _check_ids(case, model, {"mask_token_id": e.get("mask_token_id"),
+                             "eos_token_id": e.get("eos_token_id"),
+                             "pad_token_id": e.get("pad_token_id")})
+    if e["alg"] not in DREAM_ALGS:
+        raise UnmappedCaseField(f"{case['name']}: alg={e['alg']!r}")
+    p = len(case["prompt_ids"][0])
+    if e.get("max_length") is not None and e["max_length"] != p + e["max_new_tokens"]:
+        raise UnmappedCaseField(f"{case['name']}: max_length != prompt + max_new_tokens")
     params: dict[str, Any] = dict(
         gen_length=e["max_new_tokens"], steps=e["steps"], temperature=e["temperature"] or 0.0,
         top_p=e["top_p"], top_k=e["top_k"], eps=e["eps"], seed=case["seed"], rng="reference",
         sampling="categorical", schedule="dream", exact_steps=True,
     )
+    # ``origin`` ignores alg_temp in the reference (it reveals at random, ranks nothing)
     if e["alg"] != "origin" and e.get("alg_temp"):
         params["alg_temp"] = e["alg_temp"]
     return e["alg"], params

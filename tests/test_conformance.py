@@ -9,12 +9,15 @@ those cases tokens must match and the NFE may be lower than recorded.
 
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 
 from dllm_decode import DiffusionSampler, load_model
 from tests.conformance import (
     CONFORMANCE,
+    UnmappedCaseField,
     dream_settings,
     llada_settings,
     load_cases,
@@ -51,16 +54,69 @@ def _check(model, policy: str, params: dict, case: dict, nfe_may_be_lower: bool)
 
 @pytest.mark.parametrize("case", LLADA, ids=[c["name"] for c in LLADA])
 def test_llada_case(case: dict) -> None:
-    policy, params = llada_settings(case)
-    _check(_model("llada-tiny"), policy, params, case, _wasted_forward_revision(case))
+    model = _model("llada-tiny")
+    policy, params = llada_settings(case, model)
+    _check(model, policy, params, case, _wasted_forward_revision(case))
 
 
 @pytest.mark.parametrize("case", DREAM, ids=[c["name"] for c in DREAM])
 def test_dream_case(case: dict) -> None:
-    policy, params = dream_settings(case)
-    _check(_model("dream-tiny"), policy, params, case, False)
+    model = _model("dream-tiny")
+    policy, params = dream_settings(case, model)
+    _check(model, policy, params, case, False)
 
 
 def test_fixtures_present_or_skipped() -> None:
     require_shared(CONFORMANCE)
     assert LLADA and DREAM, "conformance folders exist but hold no cases"
+
+
+@pytest.mark.parametrize("family, field, where", [
+    ("llada", "new_knob", None), ("llada", "new_knob", "settings"), ("llada", "new_knob", "args"),
+    ("dream", "new_knob", None), ("dream", "new_knob", "effective_generation_config"),
+    ("dream", "new_knob", "args"),
+])
+def test_harness_raises_on_unmapped_fields(family: str, field: str, where: str | None) -> None:
+    """No silent drops: a field the harness does not map is an error, wherever it sits."""
+    cases = LLADA if family == "llada" else DREAM
+    if not cases:
+        pytest.skip("no conformance cases")
+    case = copy.deepcopy(cases[0])
+    (case if where is None else case.setdefault(where, {}))[field] = 1
+    settings = llada_settings if family == "llada" else dream_settings
+    with pytest.raises(UnmappedCaseField, match=field):
+        settings(case)
+
+
+def test_harness_raises_on_unknown_values() -> None:
+    if not LLADA or not DREAM:
+        pytest.skip("no conformance cases")
+    case = copy.deepcopy(LLADA[0])
+    case["settings"]["remasking"] = "entropy"
+    with pytest.raises(UnmappedCaseField, match="remasking"):
+        llada_settings(case)
+    case = copy.deepcopy(LLADA[0])
+    case["args"]["steps"] = case["settings"]["steps"] + 1  # the call and the settings disagree
+    with pytest.raises(UnmappedCaseField, match="steps"):
+        llada_settings(case)
+    case = copy.deepcopy(LLADA[0])
+    case["settings"]["mask_id"] = 7
+    with pytest.raises(UnmappedCaseField, match="mask_id"):
+        llada_settings(case, _model("llada-tiny"))
+    case = copy.deepcopy(DREAM[0])
+    case["effective_generation_config"]["alg"] = "confidence_threshold"
+    with pytest.raises(UnmappedCaseField, match="alg"):
+        dream_settings(case)
+
+
+def test_threshold_and_factor_keep_random_remasking() -> None:
+    """``remasking="random"`` reaches the threshold / factor rules as their score."""
+    if not LLADA:
+        pytest.skip("no conformance cases")
+    case = copy.deepcopy(next(c for c in LLADA if c["settings"].get("threshold") is not None))
+    case["settings"]["remasking"] = case["args"]["remasking"] = "random"
+    policy, params = llada_settings(case)
+    assert (policy, params["score"]) == ("threshold", "random")
+    case["settings"]["threshold"] = case["args"]["threshold"] = None
+    case["settings"]["factor"] = case["args"]["factor"] = 1.0
+    assert llada_settings(case)[1]["score"] == "random"

@@ -135,3 +135,32 @@ def test_preset_defaults_and_selector_attributes() -> None:
     out = DiffusionSampler(MODELS["llada"], "ete", cache="dual", lookahead=4, gen_length=12,
                            block_length=4, debug=True).generate(_prompt(2, 3, 5))
     assert out.steps <= 12 and (out.answer != 63).all()
+
+
+def _past_block_commits(model, **params) -> tuple[int, int]:
+    """(commits past the current block over the run, forwards) of ETE on ``model``."""
+    past = []
+
+    def on_step(state, commit) -> None:
+        pos = torch.arange(commit.shape[1])
+        past.append(int((commit & (pos >= state.block_end)).sum()))
+
+    out = DiffusionSampler(model, "ete", tau=0.5, debug=True, **params).generate(
+        _prompt(4, 6, 5), gen_length=16, on_step=on_step)
+    assert not (out.answer == model.mask_token_id).any()
+    return sum(past), out.forwards
+
+
+def test_ete_stays_in_block_on_block_causal_models_by_default() -> None:
+    """SDAR-style models are not trained past the current block: no cross-block commits unless
+    asked for; bidirectional models keep ETE's cross-block lookahead."""
+    sdar = MODELS["sdar"]
+    inside, _ = _past_block_commits(sdar)
+    assert inside == 0
+    assert _past_block_commits(sdar, cache="block_causal")[0] == 0
+    crossed, _ = _past_block_commits(sdar, cross_block=True)
+    assert crossed > 0
+    assert _past_block_commits(MODELS["llada"], block_length=4)[0] > 0
+    assert _past_block_commits(MODELS["llada"], block_length=4, cross_block=False)[0] == 0
+    assert make_policy("ete").selector.bind(sdar).lookahead == 0
+    assert make_policy("ete", cross_block=True).selector.bind(sdar).lookahead == 32

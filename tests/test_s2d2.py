@@ -43,7 +43,10 @@ def _prompt(b: int, p: int, seed: int) -> torch.Tensor:
 def test_never_router_equals_base_decoder(cache: str, temperature: float) -> None:
     kw = dict(cache=cache, gen_length=16, temperature=temperature, seed=3)
     prompt = _prompt(2, 6, 1)
-    spec = DiffusionSampler(SDAR, "s2d2", router="never", debug=True, **kw).generate(prompt)
+    # draft_ver changes the draft forward itself (test_draft_causal_*): the identity holds for
+    # the plain block-causal draft
+    spec = DiffusionSampler(SDAR, "s2d2", router="never", draft_causal=False, debug=True,
+                            **kw).generate(prompt)
     base = DiffusionSampler(SDAR, "low_confidence_dynamic", causal_prefix=True,
                             **kw).generate(prompt)
     assert torch.equal(spec.tokens, base.tokens)
@@ -267,3 +270,37 @@ def test_presets_and_parameters() -> None:
         assert (out.answer != MASK).all()
     assert isinstance(Selection(torch.zeros(1, 1, dtype=torch.bool)).commit, torch.Tensor)
     assert ScoreKind.PROB.value == "prob"
+
+
+@pytest.mark.parametrize("cache", ["block_causal", "none"])
+def test_draft_causal_rows_attend_causally(cache: str) -> None:
+    """S2D2 ``draft_ver`` (Eq. 4): in the draft forward the decoded positions of the current
+    block left of its first mask attend causally; the masked positions' drafts then equal a
+    full forward under that mask, and differ from the plain block-causal draft."""
+    from dllm_decode.models.base import block_causal_mask
+
+    prompt = _prompt(2, 6, 4)  # blocks of 4: block [4, 8) holds prompt 4, 5 and masks 6, 7
+    seen: dict[bool, tuple[torch.Tensor, torch.Tensor]] = {}
+    for draft in (True, False):
+        def grab(state, commit, draft=draft) -> None:
+            if state.step == 0:
+                seen[draft] = (state.logits.clone(), state.rows.clone())
+
+        DiffusionSampler(SDAR, "s2d2", router="never", draft_causal=draft, cache=cache,
+                         debug=True).generate(prompt, gen_length=8, on_step=grab)
+    canvas = torch.cat([prompt, torch.full((2, 8), MASK)], 1)
+    pos = torch.arange(14)
+    allowed = block_causal_mask(pos[None], pos[None], 4)[0]
+    causal_rows = pos < 6  # earlier blocks (AR-like cache) and the block's decoded prefix
+    allowed = torch.where(causal_rows[:, None], pos[None, :] <= pos[:, None], allowed)
+    want = SDAR.forward(canvas, pos.expand(2, -1), mask=allowed.expand(2, -1, -1))
+    logits, rows = seen[True]
+    at = [int((rows == q).nonzero()) for q in (6, 7)]
+    got = logits[:, at]
+    ref = want[:, 6:8].clone()
+    ref[..., MASK] = -torch.inf
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=1e-5)
+    plain, plain_rows = seen[False]
+    other = plain[:, [int((plain_rows == q).nonzero()) for q in (6, 7)]]
+    finite = torch.isfinite(got)
+    assert (got[finite] - other[finite]).abs().max() > 1e-3, "draft_ver did not change the draft"

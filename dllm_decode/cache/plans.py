@@ -124,6 +124,10 @@ class ForwardPlan:
         # path). One host read here, before the step loop; ``restrict`` clears it.
         self.dense = bool(valid.all())
         self.boundary = 0  # causal_prefix: queries left of this position attend causally
+        #: S2D2 ``draft_ver`` (block-causal models): in the step's forward, queries of the
+        #: current block left of the row's first masked position attend causally too
+        self.draft_causal = False
+        self._draft_upto: Tensor | None = None  # [B'] first masked position (block end if none)
 
     def _structure(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """``[N, Lk]`` keys each query may see by position alone (``None``: all of them)."""
@@ -165,8 +169,11 @@ class ForwardPlan:
         span = torch.arange(start, end, device=canvas.device)
         rows = torch.arange(lo, hi, device=canvas.device) - start
         tokens, pos = canvas[:, start:end], self.positions[:, start:end]
+        drafting = self._draft_upto is not None
         if use_cache:
             mask = self._keys_mask(start, end)
+            if drafting:
+                mask = self._draft_mask(mask, span, torch.arange(self.length, device=span.device))
             return self.model(tokens, pos, cache=self.cache, slots=span.expand_as(tokens),
                               mask=mask, store=True, hidden_rows=rows)
         allowed = self._structure(span, span)
@@ -175,7 +182,22 @@ class ForwardPlan:
             mask = self.valid[:, start:end][:, None, :].expand(-1, end - start, -1)
             if allowed is not None:
                 mask = mask & allowed
+        if drafting:
+            mask = self._draft_mask(mask, span, span)
         return self.model(tokens, pos, mask=mask, hidden_rows=rows)
+
+    def _draft_mask(self, mask: Tensor | None, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """``mask`` (``None``, keys ``[B', Lk]`` or ``[B', N, Lk]``) with the draft-causal rows:
+        queries in ``[block aligned start, first masked position)`` see keys ``<=`` their own
+        position only (S2D2 Eq. 4, ``draft_ver``). Per row, no host sync."""
+        b, n = self.valid.shape[0], q_pos.shape[0]
+        if mask is None:
+            mask = torch.ones(b, n, k_pos.shape[0], dtype=torch.bool, device=q_pos.device)
+        elif mask.dim() == 2:
+            mask = mask[:, None, :].expand(-1, n, -1)
+        rows = (q_pos[None] >= self.boundary) & (q_pos[None] < self._draft_upto[:, None])
+        causal = k_pos[None, None, :] <= q_pos[None, :, None]
+        return torch.where(rows[:, :, None], mask & causal, mask)
 
     def prepare(self, canvas: Tensor, step_in_block: int, lo: int, *,
                 final: bool = False) -> Tensor:
@@ -205,6 +227,11 @@ class ForwardPlan:
         hi = length if full_span else be
         mode = self.mode
         self.boundary = aligned_start
+        self._draft_upto = None
+        if self.draft_causal and self.model.attention == "block_causal":
+            pos = torch.arange(aligned_start, be, device=canvas.device)
+            open_ = canvas[:, aligned_start:be] == self.model.mask_token_id
+            self._draft_upto = torch.where(open_, pos, be).min(1).values
         refresh = step_in_block == 0 or (
             self.refresh_every is not None and step_in_block % self.refresh_every == 0)
         if mode is CacheMode.NONE:

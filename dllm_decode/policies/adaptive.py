@@ -7,17 +7,44 @@
   Bounded Unmasking", arXiv 2505.24857.
 * dParallel entropy threshold: Chen et al., "dParallel: Learnable Parallel Decoding for
   dLLMs", arXiv 2509.26488.
+
+Deviations from the papers / released code:
+
+* all rules: the mask token is never a candidate (its logit is -inf before anything is
+  scored; the references keep it in the softmax); rows of a batch are independent (Fast-dLLM's
+  factor rule and dual cache crash for batch > 1, dParallel / EB code is batch 1); ties go
+  to the lower index (``torch.topk`` order in the references); no host sync.
+* Fast-dLLM ``threshold`` / ``factor``: ``prob`` confidences are the float32 probabilities of
+  the proposal (the reference softmax is float64; every conformance case matches); ``factor``
+  follows the paper's rule by default, ``last_rank_quirk=True`` reproduces the released
+  code's commit-all-when-only-the-last-rank-fails; cached loops follow the later revision
+  (f6b35ec), not 24cc59e's wasted forward when the refresh already finished the block.
+  ``score="random"`` draws exactly as ``remasking="random"`` (see ``Threshold``).
+* EB-sampler: entropy is the proposal's float32 entropy; only the entropy error proxy;
+  ``gamma=0.1`` is the default of public re-implementations (no official code).
+* dParallel: the entropy is float64 as the authors compute it, but of the logits with the mask
+  token removed; ``remasking="random"`` (random "entropies") is not provided; the authors'
+  prefix / dual-cache loops are the library's cache modes (any ``cache=``); only the decoding
+  rule is here, the certainty-forcing distillation that makes it fast is training
+  (``dllm_decode.train``).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from typing import Any, Final
 
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import rank_desc, top1_mask
+from dllm_decode.policies.base import rank_desc, step_score, top1_mask
 from dllm_decode.types import ScoreKind, StepState
+
+#: dParallel's entropy threshold per model family (released eval scripts: LLaDA ``eval.sh``
+#: 0.5, Dream ``eval_instruct/eval.sh`` 0.45); any other family gets LLaDA's
+DPARALLEL_THETA: Final = {"llada": 0.5, "dream": 0.45}
+#: dParallel's ``log(p + eps)`` guard in its float64 entropy
+DPARALLEL_LOG_EPS: Final = 1e-12
 
 
 @dataclass(frozen=True)
@@ -26,6 +53,9 @@ class Threshold:
 
     ``tau = 0.9`` is the default of every Fast-dLLM script; ``tau > 1`` degenerates to one
     token per step. Comparison is ``>=`` as in the reference (``score == tau`` is kept).
+    ``score`` is any ``ScoreKind``; ``random`` is Fast-dLLM's ``remasking="random"``: the
+    confidences are one float32 ``rand([B, fed width])`` per step drawn after the proposal's
+    Gumbel noise, so ``rng="reference"`` reproduces the reference's draws.
     """
 
     tau: float = 0.9
@@ -36,7 +66,7 @@ class Threshold:
         object.__setattr__(self, "score", ScoreKind(self.score))
 
     def select(self, state: StepState) -> Tensor:
-        score = state.proposal.score(self.score)
+        score = step_score(state, self.score)  # ``random``: float32 uniforms, one draw per step
         return (state.eligible & (score >= self.tau)) | top1_mask(score, state.eligible)
 
 
@@ -48,6 +78,8 @@ class Factor:
     Rationale (Theorem 1 of the paper): n tokens with confidence > 1 - eps each and
     ``(n + 1) eps <= 1`` decode in parallel exactly as sequentially. ``last_rank_quirk``
     reproduces the released code, which commits *all* ranks when only the last one fails.
+    ``score`` is any ``ScoreKind``, ``random`` included (see ``Threshold``); random
+    confidences are compared in float32, as the reference compares its ``rand`` values.
     """
 
     factor: float = 1.0
@@ -61,12 +93,16 @@ class Factor:
             raise ValueError(f"factor must be > 0, got {self.factor}")
 
     def select(self, state: StepState) -> Tensor:
-        score = state.proposal.score(self.score).double()
+        score = step_score(state, self.score)
+        # the reference compares float64 softmax confidences, but float32 ``rand`` uniforms
+        # against thresholds rounded to float32 (tensor-vs-Python-float comparison)
+        if self.score is not ScoreKind.RANDOM:
+            score = score.double()
         eligible = state.eligible
         length = score.shape[-1]
         ranks = rank_desc(score, eligible)
         n = torch.arange(1, length + 1, device=score.device, dtype=torch.float64)
-        thresh = 1.0 - self.factor / (n + 1.0)
+        thresh = (1.0 - self.factor / (n + 1.0)).to(score.dtype)
         thresh[0] = -1.0
         sorted_score = torch.full_like(score, -torch.inf)
         sorted_score.scatter_(-1, ranks.clamp(max=length - 1),
@@ -103,12 +139,40 @@ class EntropyBounded:
 
 @dataclass(frozen=True)
 class EntropyThreshold:
-    """dParallel: commit the lowest-entropy eligible position plus every one with H < theta
-    (theta 0.5 for LLaDA, 0.45 for Dream in the released scripts)."""
+    """dParallel: commit the lowest-entropy eligible position plus every one with H < theta.
 
-    theta: float = 0.5
+    ``theta=None`` takes the family default of the released scripts when the sampler binds
+    the policy to its model (``DPARALLEL_THETA``: 0.5 LLaDA, 0.45 Dream; 0.5 unbound). The
+    entropy is computed as the authors do, ``-sum p log(p + 1e-12)`` of the float64 softmax of
+    the step's logits (``needs_logits``), at every scored position; only without logits (a
+    caller building ``StepState`` by hand) the proposal's float32 entropy is used.
+    """
+
+    theta: float | None = None
     budgeted: bool = False
+    needs_logits: bool = True
+
+    def bind(self, model: Any, cfg: Any = None) -> EntropyThreshold:
+        """With ``theta`` resolved for ``model``'s family (unchanged if given)."""
+        if self.theta is not None:
+            return self
+        family = getattr(model, "family", "")
+        return replace(self, theta=DPARALLEL_THETA.get(family, DPARALLEL_THETA["llada"]))
+
+    @staticmethod
+    def entropy(state: StepState) -> Tensor:
+        """``[B, L]`` float64 entropy at the scored rows (``+inf`` elsewhere). No host sync."""
+        if state.logits is None or state.rows is None:
+            return (-state.proposal.neg_entropy.double()).masked_fill(~state.fresh, torch.inf)
+        p = torch.softmax(state.logits.double(), dim=-1)
+        h = -(p * torch.log(p + DPARALLEL_LOG_EPS)).sum(-1)  # [B, R]
+        b, length = state.eligible.shape
+        full = torch.full((b, length), torch.inf, dtype=torch.float64, device=h.device)
+        rows = state.rows.expand(b, -1) if state.rows.dim() == 1 else state.rows
+        full.scatter_(1, rows, h)  # repeated (padding) entries carry the same value
+        return full
 
     def select(self, state: StepState) -> Tensor:
-        neg_h = state.proposal.neg_entropy
-        return (state.eligible & (-neg_h < self.theta)) | top1_mask(neg_h, state.eligible)
+        theta = self.theta if self.theta is not None else DPARALLEL_THETA["llada"]
+        h = self.entropy(state)
+        return (state.eligible & (h < theta)) | top1_mask(-h, state.eligible)

@@ -14,7 +14,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from dllm_decode.types import StepState
+from dllm_decode.types import ScoreKind, StepState
 
 
 @runtime_checkable
@@ -41,6 +41,31 @@ class Truncator(Protocol):
     def truncate(self, state: StepState, commit: Tensor) -> Tensor:
         """``state``, this step's commit mask -> new canvas length per row ``[B]`` (int64)."""
         ...
+
+
+def random_scores(state: StepState) -> Tensor:
+    """``[B, L]`` float32 uniforms for this step (zero outside the fed span).
+
+    One ``torch.rand([B, forward_width])`` (float32) from ``state.generator``, as LLaDA's and
+    Fast-dLLM's ``remasking="random"`` draw it (``torch.rand`` of the x0 shape, i.e. the span
+    the reference forward covered, after that forward's Gumbel noise): with ``rng="reference"``
+    a seeded run reproduces the reference draws. Every call draws.
+    """
+    b, length = state.eligible.shape
+    u = torch.rand((b, state.forward_width), generator=state.generator,
+                   device=state.eligible.device)
+    score = torch.zeros((b, length), device=u.device, dtype=u.dtype)
+    score[:, state.forward_start:state.forward_start + state.forward_width] = u
+    return score
+
+
+def step_score(state: StepState, kind: ScoreKind | str) -> Tensor:
+    """The ``[B, L]`` score of ``kind`` this step: a proposal field, or for ``random`` fresh
+    uniforms (``random_scores``; call it once per step, every call draws)."""
+    kind = ScoreKind(kind)
+    if kind is ScoreKind.RANDOM:
+        return random_scores(state)
+    return state.proposal.score(kind)
 
 
 def rank_desc(score: Tensor, eligible: Tensor) -> Tensor:
@@ -95,3 +120,14 @@ def init_memory_of(policy: Any, batch: int, length: int, device: torch.device) -
     """The policy's per-generation memory, or ``None`` if it keeps none."""
     init = getattr(policy, "init_memory", None)
     return init(batch, length, device) if init is not None else None
+
+
+def bind_of(component: Any, model: Any, cfg: Any = None) -> Any:
+    """``component.bind(model, cfg)`` if it has one, else ``component`` itself.
+
+    Wrappers (``Supervised``, ``FullSpan``) bind what they wrap with this and return a copy of
+    *themselves*, so the sampler never swaps a wrapper for its bound inner selector (which
+    would lose the wrapper's memory and attributes).
+    """
+    bind = getattr(component, "bind", None)
+    return component if bind is None else bind(model, cfg)

@@ -3,6 +3,29 @@
 References: Nie et al., "Large Language Diffusion Models", arXiv 2502.09992 (LLaDA
 ``low_confidence`` / ``random`` remasking, ML-GSAI/LLaDA ``generate.py``); Ye et al., "Dream 7B",
 arXiv 2508.15487 (``maskgit_plus`` / ``topk_margin`` / ``entropy`` / ``origin``, ``alg_temp``).
+
+Dream users comparing against ``diffusion_generate``: under transformers 4.46.x (the version
+Dream's code needs) a call without ``generation_config`` builds it from the model config, so
+every sampling argument not passed takes the legacy defaults ``temperature=1.0``,
+``top_k=50``, ``top_p=1.0``, not the ``None`` / 0.0 of Dream's generation-config class. The
+library never inherits them: pass ``top_k=50`` (and the temperature) to reproduce such a call.
+``top_k`` filters before the softmax, so it changes every confidence and the ranking of
+``entropy`` / ``topk_margin`` / ``maskgit_plus`` even at T = 0 (on the conformance Dream
+checkpoint, gen 256, ``entropy``, T = 0, four random prompts: 0, 0, 11 and 99 of 256 positions
+change with ``top_k=50``; the conformance cases recorded without ``top_k`` match only with it).
+
+Deviations from the papers / released code:
+
+* the mask token is never proposed (-inf logit); probabilities are float32 softmaxes of the
+  proposal (LLaDA computes them in the model dtype, bf16 on GPU, so tied confidences there
+  may break differently); ties go to the lower index (``torch.topk``'s order in the
+  references); per-row selection without host syncs (the references loop over rows).
+* LLaDA: MASK tokens inside the prompt are refused unless ``allow_prompt_masks=True`` (the
+  reference silently lets them compete for commits); the EOS options are ``SamplerConfig``
+  flags with the EOS / EoT ids taken from the model, not the hard-coded 126081 / 126348.
+* Dream: the batch-mean budget, the first-step zero commit with ``steps == max_new_tokens``,
+  ``origin``'s draws at T = 0 and ``alg_temp``'s multinomial (as an exponential race with
+  the same draws) are reproduced; sampling arguments are never inherited (above).
 """
 
 from __future__ import annotations
@@ -12,7 +35,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.base import random_scores, step_score, topk_mask
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -37,7 +60,7 @@ class TopK:
             raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp}")
 
     def select(self, state: StepState) -> Tensor:
-        score = state.proposal.score(self.score)
+        score = step_score(state, self.score)
         budget = state.budget
         if not self.alg_temp:
             return topk_mask(score, state.eligible, budget)
@@ -62,12 +85,7 @@ class RandomOrder:
     budgeted: bool = True
 
     def select(self, state: StepState) -> Tensor:
-        b, length = state.eligible.shape
-        u = torch.rand((b, state.forward_width), generator=state.generator,
-                       device=state.eligible.device)
-        score = torch.zeros((b, length), device=u.device, dtype=u.dtype)
-        score[:, state.forward_start:state.forward_start + state.forward_width] = u
-        return topk_mask(score, state.eligible, state.budget)
+        return topk_mask(random_scores(state), state.eligible, state.budget)
 
 
 @dataclass(frozen=True)
@@ -82,6 +100,8 @@ class Origin:
     budgeted: bool = False
     proposes_after_select: bool = True
     may_commit_nothing: bool = True
+    #: the reveal probability comes from Dream's time grid, whatever the model family
+    preferred_schedule: str = "dream"
 
     def select(self, state: StepState) -> Tensor:
         if state.times is None:

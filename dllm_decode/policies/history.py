@@ -7,6 +7,17 @@
 
 Both keep explicit per-generation memory (``init_memory``), updated in place each step; both are
 budgeted: when their own rule does not fire they commit the schedule's top-k.
+
+Deviations from the papers / released code (details in the class docstrings):
+
+* KLASS: the previous distribution is kept as float32 log-probabilities (the code keeps fp64
+  probabilities); at T > 0 KL and confidence are noise-free (the code uses Gumbel-noised
+  logits); a KL needs a fresh score at the previous step too (under ``dual`` a block's first
+  step has none); the block's last scheduled step commits every eligible position.
+* CCD-DS: the paper's sliding-window average over d contexts is not in the released code and
+  not here; the code's no-op "draft size 2V" and overridden buffer reset are omitted; the
+  released code is Dream-only, the rule runs on any family here.
+* both: the mask token is never proposed; rows are independent; ties go to the lower index.
 """
 
 from __future__ import annotations
@@ -16,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import rank_desc, topk_mask
+from dllm_decode.policies.base import rank_desc, step_score, topk_mask
 from dllm_decode.policies.registry import register
 from dllm_decode.types import ScoreKind, StepState
 
@@ -192,7 +203,7 @@ class CCD:
         """Commit mask ``[B, L]``; updates the buffer and the argmax record. No host sync."""
         mem: CCDMemory = state.memory
         k, eligible = state.budget, state.eligible
-        score, greedy = state.proposal.score(self.score), state.proposal.greedy
+        score, greedy = step_score(state, self.score), state.proposal.greedy
         ranks = rank_desc(score, eligible)
         top = eligible & (ranks < k[:, None])
         v = self.width(state.step, k)

@@ -21,6 +21,22 @@ Features (a filter is tied to a model, a block length and a feature):
 ``llada_prob_all``: probability of the proposed token at all K block positions, decoded ones
 included (the model's confidence in its own argmax there); ``dream_negent_masked``:
 ``sum p log p`` at masked positions, 0 at decoded ones.
+
+Deviations from the paper / released code:
+
+* the filter's activation is not given by the paper (its class file was not readable): ReLU
+  by default, recorded with each saved filter; the Dream fallback score (negative entropy) is
+  our assumption (the paper has no Dream decoder);
+* Learn2PD's scheduled top-k fallback commits everything left at a block's last scheduled
+  step (the reference's schedule can leave masks behind with Dream's batch-mean budget);
+* EoTP: per row (the reference is batch 1); the fallback scans only *fresh* masked positions
+  (every one with ``full_span``, which ``EoTP`` asks for; under ``dual`` the rest are stale);
+  truncation fills the dead tail with the EOS id and hides those keys from later forwards
+  (``plan.restrict``) instead of slicing the canvas and the K/V cache;
+* EoTP over any selector (``with_eotp``) and the ``eotp`` preset (the paper's
+  ``generate_predict_eot``: EoTP over top-k ``low_confidence``) are compositions the paper
+  runs only with LLaDA; a policy that already truncates is refused, not replaced;
+* the mask token is never proposed (its logit is -inf), so it never reaches the filter input.
 """
 
 from __future__ import annotations
@@ -34,7 +50,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor, nn
 
-from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.base import bind_of, step_score, topk_mask
 from dllm_decode.policies.confidence import TopK
 from dllm_decode.policies.learn2pd_filter import (
     DEFAULT_ACCEPT_THRES,
@@ -202,7 +218,7 @@ class Learn2PD:
     def select(self, state: StepState) -> Tensor:
         accept = self.accepted(state)
         state.extras[ACCEPTED] = accept
-        score = state.proposal.score(self.fallback)
+        score = step_score(state, self.fallback)
         b = score.shape[0]
         if state.budget is None:
             k = torch.ones(b, dtype=torch.long, device=score.device)
@@ -289,8 +305,9 @@ class FullSpan:
         return self.inner.select(state)
 
     def bind(self, model: Any, cfg: Any = None) -> FullSpan:
-        bind = getattr(self.inner, "bind", None)
-        return self if bind is None else replace(self, inner=bind(model, cfg))
+        """A ``FullSpan`` around the bound inner selector (never the inner one alone)."""
+        inner = bind_of(self.inner, model, cfg)
+        return self if inner is self.inner else replace(self, inner=inner)
 
     def __getattr__(self, name: str) -> Any:
         if name == "inner" or name.startswith("__"):
@@ -299,8 +316,11 @@ class FullSpan:
 
 
 def with_eotp(policy: Any, eos_token_ids: tuple[int, ...] | None = None) -> Policy:
-    """Compose EoTP with any policy (a preset name, a ``Policy`` or a selector)."""
+    """Compose EoTP with any policy (a preset name, a ``Policy`` or a selector); a policy that
+    already truncates (``eotp``, ``learn2pd_eot``) is refused rather than silently replaced."""
     base = make_policy(policy)
+    if base.truncator is not None:
+        raise ValueError(f"policy {base.name!r} already has a truncator ({base.truncator!r})")
     sel = base.selector
     if not getattr(sel, "full_span", False):
         sel = FullSpan(sel)

@@ -12,6 +12,12 @@
   flat parameters (CLI / config friendly).
 
 Registering happens on import; ``make_policy("s2d2")`` works once this module is imported.
+
+Deviations from the released code: ``low_confidence_dynamic`` ranks with ties to the lower index
+and commits everything left at a block's last scheduled step; the score-hysteresis router
+switches on with the code's strict ``>`` (the paper writes ``>=``); the EB fallback uses the
+full-distribution entropy (the reference's SDAR fallback uses a scalar "entropy" of ``x0_p``).
+The S2D2 selector's own list is in ``dllm_decode.samplers.speculative``.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.adaptive import EntropyBounded
-from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.base import step_score, topk_mask
 from dllm_decode.policies.confidence import TopK
 from dllm_decode.policies.registry import register
 from dllm_decode.types import ScoreKind, Selection, StepState
@@ -44,7 +50,7 @@ class DynamicThreshold:
         object.__setattr__(self, "score", ScoreKind(self.score))
 
     def select(self, state: StepState) -> Tensor:
-        score = state.proposal.score(self.score)
+        score = step_score(state, self.score)
         if state.steps_left == 1:
             return state.eligible
         budget = state.budget
@@ -71,7 +77,7 @@ class BudgetCapped:
         chosen = chosen.commit if isinstance(chosen, Selection) else chosen
         if state.budget is None:
             return chosen
-        return chosen & topk_mask(state.proposal.score(self.score), chosen, state.budget)
+        return chosen & topk_mask(step_score(state, self.score), chosen, state.budget)
 
 
 @dataclass(frozen=True)
@@ -254,10 +260,12 @@ def s2d2(
     gamma: float = 1.0,
     allow_resample: bool = True,
     causal_prefix: bool = True,
+    draft_causal: bool = True,
 ) -> Any:
     """Build the S2D2 selector (defaults: SDAR Config-A of the paper's README: score threshold
     0, static score, c = 1, soft entropy estimator, dynamic-threshold fallback at 0.85,
-    AR-like prefix caching).
+    AR-like prefix caching ``causal_prefix`` = ``cache_ver``, partially-causal drafting
+    ``draft_causal`` = ``draft_ver``).
 
     ``router``: ``never`` | ``always`` | ``mask_span_length`` (``tau_span``) |
     ``score_threshold`` (``tau_score``) | ``score_hysteresis`` (``tau_on`` > ``tau_off``) |
@@ -286,7 +294,8 @@ def s2d2(
                                    coef=margin_coef)
     return spec.SelfSpeculative(router=routers[router](), estimator=est,
                                 base=FALLBACKS[fallback](tau, eb_gamma), tau=tau, gamma=gamma,
-                                allow_resample=allow_resample, causal_prefix=causal_prefix)
+                                allow_resample=allow_resample, causal_prefix=causal_prefix,
+                                draft_causal=draft_causal)
 
 
 register("low_confidence_dynamic", lambda **kw: DynamicThreshold(**kw))

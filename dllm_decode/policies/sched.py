@@ -12,7 +12,21 @@ argmax ("go all-in"). The selector in between is untouched: ``sched`` wraps any 
 
 Per-generation memory (previous argmax, patience, sticky stop) lives in ``SchEDMemory``. The
 sampler only calls ``init_memory`` on the *selector*, so the presets wrap the base selector in
-``Supervised``, which owns both memories and hands the base its own.
+``Supervised``, which owns both memories, hands the base its own and binds as itself.
+
+Deviations from the papers / released code:
+
+* statistics, gate and exit are per row (the code pools the batch and exits all rows
+  together); explicit regions are offsets into the generation, not canvas indices;
+* the mask token's logit is -inf before the top-2 margin is taken (the code keeps it; this
+  matters only where MASK is a top-2 token);
+* the released code is Dream-only; on LLaDA and block-diffusion models the stopper runs over
+  the base's block schedule (the paper's LLaDA appendix code is not released); block-causal
+  models never score later blocks, so region ``all`` can only fire in the last block;
+* under caches the statistic is checked on fully fresh steps only (``stale="skip"``) or from
+  the newest values per position (``stale="use"``, approximate); the code has no cache;
+* Prophet: the task-specific anchor injection ("The answer is" at fixed indices) is not done;
+  no gate by default (Prophet's own rule), SchED's re-implementation of it keeps the gate.
 """
 
 from __future__ import annotations
@@ -24,7 +38,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import init_memory_of
+from dllm_decode.policies.base import bind_of, init_memory_of
 from dllm_decode.policies.registry import Policy, make_policy, register
 from dllm_decode.types import StepState
 
@@ -84,11 +98,8 @@ class SchED:
     ``(i + 1) / T`` (T from ``extras["total_steps"]`` or derived from ``progress``; at step 0
     with T unknown the clock is 0).
 
-    Deviations from the released code (flagged): statistics, gate and exit are per row (the code
-    pools the batch and exits all rows together); explicit regions are offsets into the
-    generation (``region_start``/``region_end``), not canvas indices. An empty region (a window
-    past a truncated row) never decides, as in the code. Models with shifted logits (Dream) are
-    realigned by the model, so the margin at canvas j already comes from raw row j - 1.
+    An empty region (a window past a truncated row) never decides, as in the code. Models with
+    shifted logits (Dream) are realigned by the model: the margin at canvas j is raw row j - 1.
 
     Memory: the gate needs ``SchEDMemory`` (found at ``state.memory.stopper``, see
     ``Supervised``); a bare ``Policy(selector, SchED(...))`` runs stateless, which is allowed
@@ -292,10 +303,19 @@ class Supervised:
     selector's). ``select`` runs the base selector with its own memory; the stopper finds its
     memory at ``state.memory.stopper``. Any other attribute is the base selector's.
     The base sees the sampler's per-row budgets: stops are per row, so rows diverge.
+    ``bind`` binds the base and the stopper and returns a ``Supervised`` again, whatever the
+    base's ``bind`` returns, so the paired memory survives any base (Learn2PD, EoTP, ...).
     """
 
     selector: Any
     stopper: Any
+
+    def bind(self, model: Any, cfg: Any = None) -> Supervised:
+        """A copy with the base selector and the stopper bound to ``model`` / ``cfg``."""
+        sel, stop = bind_of(self.selector, model, cfg), bind_of(self.stopper, model, cfg)
+        if sel is self.selector and stop is self.stopper:
+            return self
+        return replace(self, selector=sel, stopper=stop)
 
     def __getattr__(self, name: str) -> Any:
         # every other selector attribute the sampler reads (budgeted, full_span, lookahead,

@@ -14,6 +14,12 @@ among them:
 
 Both prefer ``cache="window"``; window sizes and the refresh cycle are ``SamplerConfig``
 fields (``window_tokens``, ``active_tokens``, ``refresh_every``).
+
+Deviations from the paper / released code (planner details in ``dllm_decode.cache.window``):
+rows keep their own phases (the LLaDA code is batch 1); the Dream active set excludes positions
+decoded before the phase; a block's last scheduled step ends generation with a full step when
+masks would be left; the script defaults (W 64 / A 16 / R 32 LLaDA, o 128 / i 16 / R 32 Dream)
+are used, not the function-signature defaults; the mask token is never proposed.
 """
 
 from __future__ import annotations
@@ -23,7 +29,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.base import step_score, topk_mask
 from dllm_decode.policies.registry import Policy, register
 from dllm_decode.types import ScoreKind, StepState
 
@@ -45,7 +51,7 @@ class WindowTopK:
     def select(self, state: StepState) -> Tensor:
         if state.steps_left == 1:  # the block's last step: finish it
             return state.eligible
-        return topk_mask(state.proposal.score(self.score), state.eligible, state.budget)
+        return topk_mask(step_score(state, self.score), state.eligible, state.budget)
 
 
 @dataclass(frozen=True)
@@ -72,7 +78,7 @@ class WindowDream:
         budget = state.budget
         if budget is None or self.early_stop:
             budget = torch.ones(b, dtype=torch.long, device=eligible.device)
-        ranked = topk_mask(state.proposal.score(self.score), eligible, budget)
+        ranked = topk_mask(step_score(state, self.score), eligible, budget)
         if state.steps_left == 1:
             return eligible
         full = state.refreshed

@@ -134,6 +134,7 @@ class DiffusionSampler:
                 model.attention == "block_causal")
         plan = make_plan(model, cfg.cache, model_valid, model_pos,
                          replace(cfg, causal_prefix=causal), family)
+        plan.draft_causal = bool(getattr(selector, "draft_causal", False))  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = bool(getattr(selector, "proposes_after_select", False))
 

@@ -16,6 +16,21 @@ The routers (``never``, ``always``, ``mask_span_length``, ``score_threshold``,
 they live in ``dllm_decode.policies.s2d2`` with SDAR's base rules and are re-exported here.
 
 Shapes: ``B`` batch, ``S`` positions of the current (absolute-aligned) block, ``V`` vocabulary.
+
+Deviations from the paper / released code (``phymhan/S2D2`` ``SDAR/generate_ssd_policy.py``):
+
+* batched, per row (the reference asserts batch 1); one host sync per step (does any row
+  verify), where the reference syncs per position;
+* ``draft_causal`` (``draft_ver``) recomputes the draft-causal rows every step from the
+  current first mask; the reference writes them into its block mask in place, so with
+  ``cache_ver`` off its final K/V store of a block also uses them (not reproduced);
+* not implemented: ``ssd_ratio_threshold`` / ``ssd_threshold_all_spans`` (ratio-based extra
+  commits, off by default in the reference), ``always_check_high_confidence``, the
+  ``sequential`` fallback, ``legacy_ssd_span_strategy``, the bandit's ``masked`` entropy
+  source, LLaDA2.1 token editing, and the sub-block / right-shifted Fast-dLLM v2 variant;
+* acceptance uniforms and the residual resample (an exponential race) come from the step
+  generator, so seeded runs are reproducible but do not replay the reference's draws;
+* the mask token is never drafted (its logit is -inf in the draft and verifier distributions).
 """
 
 from __future__ import annotations
@@ -214,7 +229,12 @@ class SelfSpeculative:
 
     Block-diffusion models only (``state.model.block_size``); prefers ``cache="block_causal"``
     (works with ``none``, recomputing the prefix inside the verify forward) and AR-like prefix
-    caching (``causal_prefix``), under which the verifier equals a true block-size-1 forward.
+    caching (``causal_prefix``, the reference's ``cache_ver``), under which the verifier equals
+    a true block-size-1 forward. ``draft_causal`` (the reference's ``draft_ver``, paper Eq. 4;
+    both on in Config-A, the default): in the step's draft forward, the already-decoded
+    positions of the current block left of its first mask attend causally, as they will in the
+    verifier and in the AR-like cache, so the draft of the masked positions is conditioned on
+    the same prefix representations (the sampler passes the flag to the cache plan).
     Fewer than ``min(budget, eligible)`` commits from verification -> ``base`` commits the
     rest of that budget among the remaining positions; on the block's last scheduled step
     every remaining position is committed (an adaptive base may commit fewer than owed).
@@ -230,6 +250,7 @@ class SelfSpeculative:
     gamma: float = 1.0
     allow_resample: bool = True
     causal_prefix: bool = True
+    draft_causal: bool = True
     budgeted: bool = True
     needs_logits: bool = True
     preferred_cache: str = "block_causal"
