@@ -169,7 +169,7 @@ def test_distill_runs_resumes_and_exports(tmp_path: Path, one_thread: None) -> N
         distill(DistillConfig(out=str(tmp_path / "a"), steps=4, **common))
 
 
-# ---- evaluation defaults that fit the bundled checkpoints -----------------------------------------
+# ---- evaluation defaults that fit the bundled checkpoints ------------------------------------
 
 def test_grids_naming_a_bundled_tiny_model_are_zero_shot() -> None:
     for path in sorted((ROOT / "benchmarks/grids").glob("*.yaml")):

@@ -36,7 +36,7 @@ def _testbed(args: argparse.Namespace) -> int:
 
 
 def add_train_subcommands(sub: Any) -> None:
-    """Add ``train {tiny, testbed, learn2pd}``; each passes its remaining arguments to the trainer."""
+    """Add ``train {tiny, testbed, learn2pd}``; each passes the rest to its trainer."""
     train = sub.add_parser("train", help="train a tiny checkpoint or a Learn2PD filter")
     kinds = train.add_subparsers(dest="train_kind", required=True)
     for name, func, text in (
