@@ -172,6 +172,9 @@ class Generation:
     commit_step: ``[B, G]`` step at which each generated position was committed (-1 never).
     bits: ``[B, steps]`` information committed per step, sum of -log p of committed tokens.
     lengths: ``[B]`` generation length per row after truncation (EoTP), else G.
+    refreshed: ``[B, steps]`` bool, whether the step's forward fully refreshed the row's cached
+        K/V (every step without a cache); ``None`` when not recorded.
+    step_forwards: model calls per step (1, plus extra forwards such as S2D2's verifier).
     """
 
     tokens: Tensor
@@ -183,6 +186,17 @@ class Generation:
     bits: Tensor
     lengths: Tensor
     trace: list[dict[str, Any]] | None = None
+    refreshed: Tensor | None = None
+    step_forwards: list[int] | None = None
+
+    def commits_per_step(self) -> Tensor:
+        """``[B, steps]`` int64: generated positions committed at each step (one sync-free
+        scatter over ``commit_step``)."""
+        b = self.commit_step.shape[0]
+        counts = torch.zeros(b, self.steps + 1, dtype=torch.long, device=self.commit_step.device)
+        idx = torch.where(self.commit_step >= 0, self.commit_step, self.steps)
+        counts.scatter_add_(1, idx, torch.ones_like(idx))
+        return counts[:, :self.steps]
 
     @property
     def answer(self) -> Tensor:

@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from dllm_decode import DiffusionSampler, make_policy
+from dllm_decode import Capabilities, DiffusionSampler, make_policy
 from dllm_decode.samplers.speculative import (
     AcceptanceEstimator,
     ContextualBanditUCB,
@@ -72,7 +72,7 @@ def test_verifier_equals_true_block_size_one_forward(cache: str) -> None:
     records = []
 
     class Probe:
-        budgeted, causal_prefix = True, True
+        capabilities = Capabilities(causal_prefix=True)
 
         def select(self, state):
             size = state.model.block_size
@@ -254,7 +254,7 @@ def test_presets_and_parameters() -> None:
     policy = make_policy("s2d2", router="score_hysteresis", fallback="entropy_bounded",
                          estimator="hard_margin_threshold")
     assert isinstance(policy.selector, SelfSpeculative)
-    assert policy.selector.preferred_cache == "block_causal"
+    assert policy.selector.capabilities.preferred_cache == "block_causal"
     assert DiffusionSampler(SDAR, "s2d2").config.cache.value == "block_causal"
     for bad, match in [(dict(router="sometimes"), "router must be one of"),
                        (dict(fallback="greedy"), "fallback must be one of"),

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, top1_mask
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -30,7 +31,7 @@ class Threshold:
 
     tau: float = 0.9
     score: ScoreKind = ScoreKind.PROB
-    budgeted: bool = False
+    capabilities = Capabilities(budgeted=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -53,7 +54,7 @@ class Factor:
     factor: float = 1.0
     score: ScoreKind = ScoreKind.PROB
     last_rank_quirk: bool = False
-    budgeted: bool = False
+    capabilities = Capabilities(budgeted=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -87,7 +88,7 @@ class EntropyBounded:
     prefix U with ``sum_{U} H - max_{U} H <= gamma`` (at least one)."""
 
     gamma: float = 0.1
-    budgeted: bool = False
+    capabilities = Capabilities(budgeted=False)
 
     def select(self, state: StepState) -> Tensor:
         h = -state.proposal.neg_entropy.double()
@@ -107,7 +108,7 @@ class EntropyThreshold:
     (theta 0.5 for LLaDA, 0.45 for Dream in the released scripts)."""
 
     theta: float = 0.5
-    budgeted: bool = False
+    capabilities = Capabilities(budgeted=False)
 
     def select(self, state: StepState) -> Tensor:
         neg_h = state.proposal.neg_entropy

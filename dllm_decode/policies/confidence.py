@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import topk_mask
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -29,7 +30,6 @@ class TopK:
 
     score: ScoreKind = ScoreKind.PROB
     alg_temp: float | None = None
-    budgeted: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -59,8 +59,6 @@ class RandomOrder:
     reference, so seeded runs reproduce it.
     """
 
-    budgeted: bool = True
-
     def select(self, state: StepState) -> Tensor:
         b, length = state.eligible.shape
         u = torch.rand((b, state.forward_width), generator=state.generator,
@@ -79,9 +77,8 @@ class Origin:
     positions are drawn after this selection (``proposes_after_select``).
     """
 
-    budgeted: bool = False
-    proposes_after_select: bool = True
-    may_commit_nothing: bool = True
+    capabilities = Capabilities(budgeted=False, proposes_after_select=True,
+                                may_commit_nothing=True)
 
     def select(self, state: StepState) -> Tensor:
         if state.times is None:

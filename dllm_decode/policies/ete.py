@@ -20,6 +20,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import top1_mask, topk_mask
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import register
 from dllm_decode.types import StepState
 
@@ -54,11 +55,15 @@ class ExploreThenExploit:
     lookahead: int = 32
     budget_nats: float = 1.0
     explore: int = 1
-    budgeted: bool = False
 
     def __post_init__(self) -> None:
         if self.lookahead < 0 or self.explore < 0 or self.budget_nats < 0:
             raise ValueError("lookahead, explore and budget_nats must be >= 0")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Adaptive; commits up to ``lookahead`` positions past the block."""
+        return Capabilities(budgeted=False, lookahead=self.lookahead)
 
     @staticmethod
     def earliest_block(state: StepState) -> Tensor:

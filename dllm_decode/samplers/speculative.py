@@ -27,6 +27,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from dllm_decode.policies.base import init_memory_of
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.s2d2 import (  # noqa: F401  (routers re-exported here)
     Always,
     BanditMemory,
@@ -230,13 +232,14 @@ class SelfSpeculative:
     gamma: float = 1.0
     allow_resample: bool = True
     causal_prefix: bool = True
-    budgeted: bool = True
-    needs_logits: bool = True
-    preferred_cache: str = "block_causal"
-    preferred_schedule: str = "llada"
-    requires_attention: str = "block_causal"
-    extra_forwards: bool = True
-    stochastic: bool = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Block-causal models only; logits, extra verifier forwards, random acceptance."""
+        return Capabilities(needs_logits=True, preferred_cache="block_causal",
+                            preferred_schedule="llada", causal_prefix=self.causal_prefix,
+                            requires_attention="block_causal", extra_forwards=True,
+                            stochastic=True)
 
     def __post_init__(self) -> None:
         if self.base is None:
@@ -246,10 +249,9 @@ class SelfSpeculative:
 
     def init_memory(self, batch: int, length: int, device: torch.device) -> S2D2Memory:
         init = getattr(self.router, "init_memory", None)
-        base_init = getattr(self.base, "init_memory", None)
         z = torch.zeros(batch, dtype=torch.long, device=device)
         return S2D2Memory(router=init(batch, device) if init else None,
-                          base=base_init(batch, length, device) if base_init else None,
+                          base=init_memory_of(self.base, batch, length, device),
                           verified=z, accepted=z.clone(), committed=z.clone())
 
     def select(self, state: StepState) -> Selection:
