@@ -112,6 +112,10 @@ def test_policy_composes_objects() -> None:
         Policy(TopK(), stopper=TopK())
     with pytest.raises(TypeError, match="selector protocol"):
         Policy(NotAPolicy())
+    with pytest.raises(TypeError, match="compose"):
+        Policy(TopK(), stopper="sched")
+    with pytest.raises(TypeError, match="pass an instance"):
+        DiffusionSampler(LLADA, TopK)
 
 
 def test_compose_by_name_equals_presets() -> None:
@@ -201,3 +205,16 @@ def test_cli_composes_and_plots(tmp_path, monkeypatch, capsys) -> None:
     assert main(["generate", "x", "--policy", "tests.test_compose:NotAPolicy"]) == 2
     assert "selector protocol" in capsys.readouterr().err
     assert main(["generate", "x", "--param", "gen_length=3"]) == 2
+
+
+def test_lm_eval_adapter_composes() -> None:
+    pytest.importorskip("lm_eval")
+    from types import SimpleNamespace
+
+    from dllm_decode.eval.lm_eval import DllmDecodeLM
+
+    host = SimpleNamespace(_samplers={}, model=LLADA)
+    sampler = DllmDecodeLM._sampler(host, {"policy": "threshold", "cache": "dual", "tau": 0.5,
+                                           "stopper": "sched", "stopper.tau_low": 1.0})
+    assert sampler.policy.name == "threshold+sched" and sampler.policy.stopper.tau_low == 1.0
+    assert sampler.config.cache.value == "dual"

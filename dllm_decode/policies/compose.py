@@ -133,6 +133,12 @@ def _load_file(path: Path, spec: str) -> Any:
 def check_part(obj: Any, role: str, origin: str = "") -> Any:
     """``obj`` if it satisfies the ``role`` protocol, else a ``TypeError`` that says why."""
     method = PROTOCOL[role]
+    if isinstance(obj, str) and not origin:
+        raise TypeError(f"{role} {obj!r} is a name: Policy takes objects; build by name with "
+                        f"compose({obj!r}, ...) (stopper=/truncator= names work there too)")
+    if isinstance(obj, type):
+        raise TypeError(f"{role} {obj.__name__} is a class: pass an instance, "
+                        f"{obj.__name__}(...)")
     if not callable(getattr(obj, method, None)):
         what = f" built from {origin!r}" if origin else ""
         raise TypeError(f"{role} {type(obj).__name__}{what} does not satisfy the {role} "
