@@ -5,8 +5,9 @@
 * **commit order**: a generated-positions x steps map; a cell is blank while the position is
   masked and coloured by its commit step from then on (the staircase of LLaDA's figure), the
   commit itself marked; positions cut by a truncator (EoTP) are hatched grey;
-* **tokens per step**: tokens committed at each step and model forwards that step (S2D2's
-  verifier adds some), with full cache refreshes marked (every step without a cache).
+* **tokens per step**: tokens committed at each step, model forwards that step (S2D2's
+  verifier adds some) and their ratio (tokens per forward), with full cache refreshes marked
+  (every step without a cache).
 
 Needs matplotlib (the ``eval`` extra); it is imported on first use, with the Agg canvas only
 (the caller's pyplot backend is left alone).
@@ -83,19 +84,26 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
         answer = generation.answer[row].tolist()
         top.set_yticks(range(g), [decode([t]) for t in answer], fontsize=6)
     fig.colorbar(shown, ax=top, label="commit step", pad=0.01, ticks=MaxNLocator(integer=True))
-    top.legend(loc="upper right", fontsize=7)
 
     x = torch.arange(generation.steps).numpy()
     bottom.bar(x, per_step.numpy(), color="tab:blue", label="tokens committed")
     bottom.step(x, forwards.numpy(), where="mid", color="tab:orange", label="forwards")
-    for i in refreshed.nonzero().flatten().tolist():
-        bottom.axvline(i, color="tab:red", alpha=0.25, linewidth=1)
-    if refreshed.any():
-        bottom.plot([], [], color="tab:red", alpha=0.5, label="cache refresh")
+    ratio = per_step.float() / forwards.clamp(min=1).float()
+    bottom.plot(x, ratio.numpy(), "o", color="black", markersize=3, label="tokens per forward")
+    fresh = refreshed.nonzero().flatten()
+    if len(fresh) and not bool(refreshed.all()):  # without a cache every step recomputes
+        for i in fresh.tolist():
+            top.axvline(i - 0.5, color="tab:red", linestyle="--", linewidth=0.8, alpha=0.7)
+        top.plot([], [], color="tab:red", linestyle="--", label="cache refresh")
+    height = float(torch.maximum(per_step.max(), forwards.max())) if generation.steps else 1.0
+    top.legend(loc="upper right", fontsize=7)
+    bottom.plot(fresh.numpy(), [height * 1.12] * len(fresh), "v", color="tab:red",
+                markersize=4, label="full refresh")
     bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
     bottom.set_xlabel("step")
     bottom.set_ylabel("per step")
-    bottom.legend(loc="upper right", fontsize=7)
+    bottom.set_ylim(0, height * 1.75)  # room for the refresh marks and the legend
+    bottom.legend(loc="upper right", fontsize=7, ncols=4)
     n_fwd = int(forwards.sum())
     fig.suptitle(title or f"row {row}: {generation.steps} steps, {n_fwd} forwards, "
                  f"{int(per_step.sum()) / max(n_fwd, 1):.2f} tokens/forward")

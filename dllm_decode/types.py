@@ -129,7 +129,7 @@ class StepState:
     span the reference decoder's forward covered (random draws use that shape); ``times`` is
     ``(t, s)`` on Dream's time grid (float32 scalars) or ``None``. ``memory`` is the
     per-generation state object a history policy created with ``init_memory``; it is the only
-    mutable thing a policy sees. ``logits`` (only for selectors with ``needs_logits``) are
+    mutable thing a policy sees. ``logits`` (only when a part declares ``needs_logits``) are
     ``[B, R, V]`` for the canvas positions ``rows`` (``[R]`` shared by the batch, or ``[B, R]``
     per row for pruned forwards). ``refreshed`` ``[B]`` bool marks rows whose forward this step
     was a full refresh of their cached K/V. ``model`` gives extra forwards and the sampling

@@ -14,7 +14,8 @@ needs nothing special). The sampler reads them once, when it binds the policy
 (``policy_capabilities``), and nowhere else; unknown names are a ``TypeError`` when the
 ``Capabilities`` is built, and a capability spelled as a plain attribute of the component (the
 pre-``Capabilities`` style, e.g. ``needs_logits = True``) is an error at bind time unless it
-agrees with the declared value.
+agrees with the declared value. ``bind(model, cfg)`` must not change a part's capabilities
+(they are read before it runs).
 """
 
 from __future__ import annotations
