@@ -59,6 +59,30 @@ class LogitsReader:
 
 
 @dataclass(frozen=True)
+class Remembering:
+    def init_memory(self, batch, length, device):
+        return []
+
+    def truncate(self, state, commit):
+        return state.extras["lengths"]
+
+
+@dataclass(frozen=True)
+class CountingStopper:
+    """A user stopper with memory: stop every row once ``after`` steps have run."""
+
+    after: int = 2
+
+    def init_memory(self, batch, length, device):
+        return torch.zeros(batch, dtype=torch.long, device=device)
+
+    def should_stop(self, state):
+        seen = state.memory.stopper  # the stopper's own memory inside the selector's pair
+        seen += 1
+        return seen >= self.after
+
+
+@dataclass(frozen=True)
 class BudgetStopper:
     capabilities = Capabilities(budgeted=False)  # a selector capability: not for a stopper
 
@@ -116,6 +140,14 @@ def test_policy_composes_objects() -> None:
         Policy(TopK(), stopper="sched")
     with pytest.raises(TypeError, match="pass an instance"):
         DiffusionSampler(LLADA, TopK)
+    with pytest.raises(ValueError, match="truncators keep no"):
+        Policy(TopK(), truncator=Remembering())
+
+
+def test_user_stopper_keeps_memory() -> None:
+    policy = Policy(TopK(), stopper=CountingStopper(after=3))
+    out = DiffusionSampler(LLADA, policy, gen_length=12).generate(PROMPT)
+    assert out.steps == 3 and (out.commit_step[:, :] <= 2).all()
 
 
 def test_compose_by_name_equals_presets() -> None:

@@ -261,6 +261,9 @@ def attach(selector: Any, stopper: Any, truncator: Any) -> Any:
     check_part(selector, "selector")
     if truncator is not None:
         check_part(truncator, "truncator")
+        if callable(getattr(truncator, "init_memory", None)):
+            raise ValueError(f"truncator {type(truncator).__name__} has init_memory: truncators "
+                             "keep no per-generation memory (keep it in the selector's)")
     if stopper is None:
         return selector
     check_part(stopper, "stopper")
