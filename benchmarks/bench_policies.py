@@ -23,6 +23,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
+from dllm_decode.eval.analyze import policy_label
 from dllm_decode.eval.parallelbench.grid import load_grid
 from dllm_decode.eval.runner import load_records, run_grid, sampler_decode_fn
 
@@ -54,7 +55,7 @@ def summarise(rows_path: Path) -> list[dict]:
             params["cache"] = cfg["cache"]
         if cfg.get("block_length") not in (None, cfg.get("gen_length")):
             params["block"] = cfg["block_length"]
-        key = (cfg["policy"], json.dumps(params, sort_keys=True), cfg["steps"], row["task"])
+        key = (policy_label(cfg), json.dumps(params, sort_keys=True), cfg["steps"], row["task"])
         groups[key].append(row)
     out = []
     for (policy, params, steps, task), rows in sorted(groups.items()):

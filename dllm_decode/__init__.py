@@ -1,15 +1,20 @@
 """dllm-decode: fast parallel decoding for masked diffusion language models.
 
 Public API: ``DiffusionSampler``, ``SamplerConfig``, ``Generation``, ``load_model``,
-``make_policy``.
+``make_policy``; for writing and composing policies ``Policy``, ``Capabilities``,
+``StepState``, ``check_policy``; for pictures of a decode ``plot_decoding``.
 """
 
 from dllm_decode.config import SamplerConfig
 from dllm_decode.models.loading import load_model
-from dllm_decode.policies.registry import make_policy
+from dllm_decode.plot import plot_decoding
+from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.registry import Policy, make_policy
+from dllm_decode.samplers.check import check_policy
 from dllm_decode.samplers.sampler import DiffusionSampler
-from dllm_decode.types import Generation
+from dllm_decode.types import Generation, StepState
 
 __version__ = "0.1.0"
 
-__all__ = ["DiffusionSampler", "Generation", "SamplerConfig", "load_model", "make_policy"]
+__all__ = ["Capabilities", "DiffusionSampler", "Generation", "Policy", "SamplerConfig",
+           "StepState", "check_policy", "load_model", "make_policy", "plot_decoding"]

@@ -10,6 +10,7 @@ from typing import Any
 
 import torch
 
+from dllm_decode.policies.compose import STOPPERS, TRUNCATORS
 from dllm_decode.policies.registry import PRESETS, load_optional_presets
 
 #: the bundled default checkpoint (LLaDA-like); a seeded random model stands in if absent
@@ -77,15 +78,19 @@ def _policy_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from dllm_decode.samplers.sampler import DiffusionSampler
+    from dllm_decode.samplers.build import build_sampler
 
+    _check_policy_name(args.policy)
     model, tok, desc = load_model_and_tokenizer(args.model, args.seed)
     ids = encode_prompt(tok, args.prompt)
     params = _policy_params(args.param)
-    sampler = DiffusionSampler(model, args.policy, cache=args.cache,
-                               gen_length=args.gen_length, block_length=args.block_length,
-                               steps=args.steps, temperature=args.temperature, seed=args.seed,
-                               stop_at_eos=args.stop_at_eos, **params)
+    flags = dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
+                 temperature=args.temperature, seed=args.seed, stop_at_eos=args.stop_at_eos)
+    for key in flags.keys() & params.keys():
+        raise ValueError(f"give {key} with --{key.replace('_', '-')}, not --param")
+    params.update(flags)
+    sampler = build_sampler(model, args.policy, stopper=args.stopper, truncator=args.truncator,
+                            cache=args.cache, params=params)
     prompt = torch.tensor([ids])
     on_step = None
     live = None
@@ -104,10 +109,29 @@ def cmd_generate(args: argparse.Namespace) -> int:
     text = tok.decode(answer[:useful]) if hasattr(tok, "decode") else str(answer[:useful])
     print(text)
     nfe = int(out.nfe[0])
-    print(f"[{desc} | policy={args.policy} cache={sampler.config.cache.value}] NFE={nfe} "
+    if args.plot:
+        _plot(out, args.plot, tok)
+    print(f"[{desc} | policy={sampler.policy.name} cache={sampler.config.cache.value}] NFE={nfe} "
           f"tokens/forward={len(answer) / max(nfe, 1):.2f} (useful {useful / max(nfe, 1):.2f}) "
           f"time={elapsed:.2f}s tokens/s={useful / max(elapsed, 1e-9):.1f}", file=sys.stderr)
     return 0
+
+
+def _check_policy_name(name: str) -> None:
+    if ":" not in name and name not in PRESETS:
+        raise ValueError(f"unknown policy {name!r}; valid names: {sorted(PRESETS)}, or an "
+                         "import path 'package.module:ClassName' / 'file.py:ClassName'")
+
+
+def _plot(generation: Any, path: str, tok: Any) -> None:
+    try:
+        from dllm_decode.plot import plot_decoding
+
+        plot_decoding(generation, path, decode=tok.decode if hasattr(tok, "decode") else None)
+    except ImportError as err:
+        raise ValueError(f"--plot needs matplotlib (pip install 'dllm-decode[eval]'): "
+                         f"{err}") from None
+    print(f"commit-order picture written to {path}", file=sys.stderr)
 
 
 class _nullcontext:
@@ -127,7 +151,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("prompt")
     gen.add_argument("--model", default=None,
                      help=f"checkpoint directory or bundled name (default: {DEFAULT_MODEL})")
-    gen.add_argument("--policy", default="low_confidence", choices=sorted(PRESETS))
+    gen.add_argument("--policy", default="low_confidence", metavar="NAME|MODULE:CLASS",
+                     help=f"a preset ({', '.join(sorted(PRESETS))}) or a class by import "
+                          "path, e.g. my_pkg.rules:TopTwo or examples/my_policy.py:NoNeighbours")
+    gen.add_argument("--stopper", default=None, metavar="NAME|MODULE:CLASS",
+                     help=f"add a stopper: {', '.join(sorted(STOPPERS))} or an import path")
+    gen.add_argument("--truncator", default=None, metavar="NAME|MODULE:CLASS",
+                     help=f"add a truncator: {', '.join(sorted(TRUNCATORS))} or an import path")
     gen.add_argument("--cache", default=None,
                      choices=["none", "prefix", "dual", "block_causal", "window"],
                      help="default: the policy's preferred cache, else none")
@@ -138,8 +168,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--seed", type=int, default=0)
     gen.add_argument("--stop-at-eos", action="store_true")
     gen.add_argument("--param", action="append", default=[], metavar="KEY=VALUE",
-                     help="policy parameter, e.g. --param tau=0.8 (repeatable)")
+                     help="parameter (repeatable): --param tau=0.8 for the policy (or a "
+                          "SamplerConfig field), --param stopper.tau_low=2.0, "
+                          "--param truncator.NAME=VALUE")
     gen.add_argument("--show", action="store_true", help="render the canvas filling in live")
+    gen.add_argument("--plot", default=None, metavar="PNG",
+                     help="draw the commit order (positions x steps, tokens per step, cache "
+                          "refreshes) to this PNG (needs matplotlib)")
     gen.set_defaults(func=cmd_generate)
 
     try:
@@ -172,7 +207,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError) as err:
         print(f"dllm-decode: error: {err}", file=sys.stderr)
         return 2
 

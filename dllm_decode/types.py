@@ -136,7 +136,7 @@ class StepState:
     span the reference decoder's forward covered (random draws use that shape); ``times`` is
     ``(t, s)`` on Dream's time grid (float32 scalars) or ``None``. ``memory`` is the
     per-generation state object a history policy created with ``init_memory``; it is the only
-    mutable thing a policy sees. ``logits`` (only for selectors with ``needs_logits``) are
+    mutable thing a policy sees. ``logits`` (only when a part declares ``needs_logits``) are
     ``[B, R, V]`` for the canvas positions ``rows`` (``[R]`` shared by the batch, or ``[B, R]``
     per row for pruned forwards). ``refreshed`` ``[B]`` bool marks rows whose forward this step
     was a full refresh of their cached K/V. ``model`` gives extra forwards and the sampling
@@ -179,6 +179,9 @@ class Generation:
     commit_step: ``[B, G]`` step at which each generated position was committed (-1 never).
     bits: ``[B, steps]`` information committed per step, sum of -log p of committed tokens.
     lengths: ``[B]`` generation length per row after truncation (EoTP), else G.
+    refreshed: ``[B, steps]`` bool, whether the step's forward fully refreshed the row's cached
+        K/V (every step without a cache); ``None`` when not recorded.
+    step_forwards: model calls per step (1, plus extra forwards such as S2D2's verifier).
     """
 
     tokens: Tensor
@@ -190,6 +193,17 @@ class Generation:
     bits: Tensor
     lengths: Tensor
     trace: list[dict[str, Any]] | None = None
+    refreshed: Tensor | None = None
+    step_forwards: list[int] | None = None
+
+    def commits_per_step(self) -> Tensor:
+        """``[B, steps]`` int64: generated positions committed at each step (one sync-free
+        scatter over ``commit_step``)."""
+        b = self.commit_step.shape[0]
+        counts = torch.zeros(b, self.steps + 1, dtype=torch.long, device=self.commit_step.device)
+        idx = torch.where(self.commit_step >= 0, self.commit_step, self.steps)
+        counts.scatter_add_(1, idx, torch.ones_like(idx))
+        return counts[:, :self.steps]
 
     @property
     def answer(self) -> Tensor:

@@ -18,6 +18,7 @@ import pytest
 import torch
 
 from dllm_decode import DiffusionSampler, load_model
+from dllm_decode.policies.capabilities import capabilities_of
 from dllm_decode.policies.learn2pd import with_eotp
 from dllm_decode.policies.registry import DREAM_NAMES, PRESETS, load_optional_presets
 from dllm_decode.policies.registry import make_policy as build
@@ -45,7 +46,7 @@ def _model(name: str) -> Any:
 
 def _homes(name: str) -> list[tuple[str, str]]:
     """(model, cache) pairs a preset runs on."""
-    need = getattr(build(name).selector, "requires_attention", None)
+    need = capabilities_of(build(name).selector).requires_attention
     sdar = [("tiny-sdar", "none"), ("tiny-sdar", "block_causal")]
     if need == "block_causal":
         return sdar

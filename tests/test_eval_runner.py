@@ -29,7 +29,7 @@ GRID = {
 ROW_KEYS = {
     "task", "category", "doc_id", "prediction", "reference", "score", "score_strict",
     "components", "nfe", "gen_tokens_useful", "gen_tokens_budget", "wall_time_s",
-    "prompt_tokens", "decoding_order_tau", "config", "config_hash", "versions",
+    "prompt_tokens", "decoding_order_tau", "commit_steps", "config", "config_hash", "versions",
 }  # fmt: skip
 
 

@@ -129,7 +129,7 @@ def test_cross_block_commits_and_exploration_stays_in_the_earliest_block() -> No
 def test_preset_defaults_and_selector_attributes() -> None:
     sel = make_policy("ete").selector
     assert sel == ExploreThenExploit(tau=0.9, lookahead=32, budget_nats=1.0, explore=1)
-    assert sel.lookahead == 32 and not sel.budgeted
+    assert sel.lookahead == 32 and not sel.capabilities.budgeted
     with pytest.raises(ValueError, match=">= 0"):
         ExploreThenExploit(budget_nats=-1.0)
     out = DiffusionSampler(MODELS["llada"], "ete", cache="dual", lookahead=4, gen_length=12,

@@ -297,9 +297,10 @@ def test_presets(tmp_path) -> None:
     assert pol.truncator == EoTP((EOS,))  # EOS id from the card's fingerprint
     pol = make_policy("eotp", for_model=LLADA)
     assert isinstance(pol.selector, FullSpan) and isinstance(pol.selector.inner, TopK)
-    assert pol.selector.budgeted and pol.truncator == EoTP((EOS,))
+    assert pol.selector.capabilities.budgeted and pol.truncator == EoTP((EOS,))
     composed = with_eotp("threshold", eos_token_ids=(EOS,))
-    assert composed.selector.full_span and composed.selector.budgeted is False
+    caps = composed.selector.capabilities
+    assert caps.full_span and caps.budgeted is False
     out = DiffusionSampler(LLADA, composed, gen_length=16, block_length=8, debug=True).generate(
         _prompt(1, 3))
     assert (out.answer != MASK).all()

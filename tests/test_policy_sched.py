@@ -299,7 +299,7 @@ def test_prophet_answer_window_by_hand(window_gap, expected) -> None:
 def test_presets_and_composition() -> None:
     pol = make_policy("sched", base="threshold", tau=0.95, tau_low=0.0)
     assert isinstance(pol.selector, Supervised) and pol.selector.selector == Threshold(tau=0.95)
-    assert pol.stopper == SchED(tau_low=0.0) and not pol.selector.budgeted
+    assert pol.stopper == SchED(tau_low=0.0) and not pol.selector.capabilities.budgeted
     pro = make_policy("prophet").stopper
     assert (pro.tau_mode, pro.tau_high, pro.tau_mid, pro.tau_low) == ("piecewise", 7.5, 5.0, 2.5)
     assert (pro.region, pro.region_start, pro.region_end, pro.max_change_ratio) == \
@@ -316,6 +316,16 @@ def test_stateless_stopper_needs_gate_off() -> None:
     free = Policy(selector=TopK(), stopper=SchED(tau_high=-INF, tau_low=-INF,
                                                  max_change_ratio=1.0))
     assert DiffusionSampler(MODELS["llada"], free, gen_length=6).generate(prompt).forwards == 1
+    # a bare Policy hands a stopper with memory its memory: the selector supervises it
     gated = Policy(selector=TopK(), stopper=SchED())
+    assert isinstance(gated.selector, Supervised) and gated.selector.stopper is gated.stopper
+    out = DiffusionSampler(MODELS["llada"], gated, gen_length=6).generate(prompt)
+    preset = DiffusionSampler(MODELS["llada"], "sched", base=TopK(), gen_length=6)
+    assert torch.equal(out.tokens, preset.generate(prompt).tokens)
+
+    def bare(state, commit) -> None:  # without its memory the gated stopper refuses to run
+        SchED().should_stop(replace(state, memory=None))
+
     with pytest.raises(ValueError, match="needs its memory"):
-        DiffusionSampler(MODELS["llada"], gated, gen_length=6).generate(prompt)
+        DiffusionSampler(MODELS["llada"], "low_confidence", gen_length=6).generate(
+            prompt, on_step=bare)

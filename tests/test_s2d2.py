@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-from dllm_decode import DiffusionSampler, make_policy
+from dllm_decode import Capabilities, DiffusionSampler, make_policy
 from dllm_decode.samplers.speculative import (
     AcceptanceEstimator,
     ContextualBanditUCB,
@@ -75,7 +75,7 @@ def test_verifier_equals_true_block_size_one_forward(cache: str) -> None:
     records = []
 
     class Probe:
-        budgeted, causal_prefix = True, True
+        capabilities = Capabilities(causal_prefix=True)
 
         def select(self, state):
             size = state.model.block_size
@@ -257,7 +257,7 @@ def test_presets_and_parameters() -> None:
     policy = make_policy("s2d2", router="score_hysteresis", fallback="entropy_bounded",
                          estimator="hard_margin_threshold")
     assert isinstance(policy.selector, SelfSpeculative)
-    assert policy.selector.preferred_cache == "block_causal"
+    assert policy.selector.capabilities.preferred_cache == "block_causal"
     assert DiffusionSampler(SDAR, "s2d2").config.cache.value == "block_causal"
     for bad, match in [(dict(router="sometimes"), "router must be one of"),
                        (dict(fallback="greedy"), "fallback must be one of"),
@@ -304,3 +304,12 @@ def test_draft_causal_rows_attend_causally(cache: str) -> None:
     other = plain[:, [int((plain_rows == q).nonzero()) for q in (6, 7)]]
     finite = torch.isfinite(got)
     assert (got[finite] - other[finite]).abs().max() > 1e-3, "draft_ver did not change the draft"
+
+
+def test_draft_causal_is_a_declared_capability() -> None:
+    """``draft_ver`` reaches the cache plan through the declared capabilities (no probe)."""
+    for draft in (True, False):
+        sampler = DiffusionSampler(SDAR, "s2d2", draft_causal=draft)
+        assert sampler.capabilities.selector.draft_causal is draft
+    assert not Capabilities().draft_causal
+    assert not DiffusionSampler(SDAR, "threshold").capabilities.selector.draft_causal

@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 
 from dllm_decode import DiffusionSampler, SamplerConfig, make_policy
 from dllm_decode.policies import PRESETS
+from dllm_decode.policies.capabilities import capabilities_of
 from dllm_decode.policies.registry import load_optional_presets
 from tests.helpers import EOS, MASK, tiny_model
 
@@ -43,8 +44,8 @@ def test_invariants(family, policy, blocks, block_len, per_step, temperature, p,
         kwargs["schedule"] = "dream"
         kwargs["block_length"] = None
     prompt = _prompt(2, p, seed)
-    selector = make_policy(policy).selector
-    need = getattr(selector, "requires_attention", None)
+    caps = capabilities_of(make_policy(policy).selector)
+    need = caps.requires_attention
     if need is not None and model.attention != need:  # family-specific presets refuse clearly
         with pytest.raises(ValueError, match="needs a model with attention"):
             DiffusionSampler(model, policy, **kwargs)
@@ -62,14 +63,13 @@ def test_invariants(family, policy, blocks, block_len, per_step, temperature, p,
     assert torch.equal(out.tokens[:, :p], prompt)  # the prompt is never changed
     assert (out.answer != MASK).all()  # every generated position ends committed
     assert ((out.commit_step >= 0) | (out.answer != MASK)).all()
-    if not getattr(selector, "extra_forwards", False):  # S2D2's verifier adds forwards
+    if not caps.extra_forwards:  # S2D2's verifier adds forwards
         assert out.forwards <= g and (out.nfe <= g).all()
     for eligible, commit in seen:
         assert not (commit & ~eligible).any()
     again = sampler.generate(prompt)  # seeded runs repeat
     assert torch.equal(again.tokens, out.tokens) and again.forwards == out.forwards
-    if temperature == 0 and policy not in ("origin", "random") and not getattr(
-            selector, "stochastic", False):
+    if temperature == 0 and policy not in ("origin", "random") and not caps.stochastic:
         # batch of rows == rows decoded alone (budgets and thresholds are per row)
         for r in range(2):
             alone = sampler.generate(prompt[r:r + 1])

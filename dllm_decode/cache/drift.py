@@ -7,25 +7,29 @@ the scored rows. Used by the tests and by ``benchmarks/bench_decode.py`` to repo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from dllm_decode.cache.plans import ForwardPlan
+from dllm_decode.policies.capabilities import Capabilities, capabilities_of
 from dllm_decode.policies.registry import make_policy
 from dllm_decode.types import CacheMode, StepState
 
 
 @dataclass(frozen=True)
 class _Probe:
-    """Wraps a selector and records the step's logits (``needs_logits``)."""
+    """Wraps a selector and records the step's logits (declares ``needs_logits``)."""
 
     inner: Any
-    budgeted: bool
     records: list = field(default_factory=list)
-    needs_logits: bool = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The wrapped selector's, with ``needs_logits``."""
+        return replace(capabilities_of(self.inner), needs_logits=True)
 
     def init_memory(self, batch: int, length: int, device: torch.device) -> list:
         return self.records
@@ -50,7 +54,7 @@ def measure_drift(model: Any, prompt: Tensor, *, gen_length: int, block_length: 
     from dllm_decode.samplers.sampler import DiffusionSampler
 
     base = make_policy(policy, **params)
-    probe = _Probe(base.selector, budgeted=getattr(base.selector, "budgeted", True))
+    probe = _Probe(base.selector)
     sampler = DiffusionSampler(model, probe, cache=mode, gen_length=gen_length,
                                block_length=block_length, steps=steps)
     sampler.generate(prompt)

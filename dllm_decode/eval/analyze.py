@@ -7,6 +7,8 @@ Aggregation levels:
   ``gen_length / steps`` for fixed schedules, measured for adaptive ones), tokens/s, mean
   decoding-order tau.
 * **config** = unweighted mean over tasks (per category and overall).
+* **order** = per method, how the canvas was filled: Kendall tau, pairs in order, rounds,
+  commit time per quarter of the answer (``eval.order``; ``order.png``).
 * **method** = a config minus its speed knob (``steps`` for top-k policies, ``params`` for
   adaptive ones): the curve along which PBx and AUP are computed. Block lengths equal to the
   generation length are reported as ``full`` so methods line up across 32/64-token tasks.
@@ -23,6 +25,7 @@ from pathlib import Path
 from typing import Any, Final
 
 from dllm_decode.eval import metrics
+from dllm_decode.eval.order import order_plot, order_table
 from dllm_decode.eval.parallelbench.rows import load_rows
 
 ANALYSIS_DIR: Final[str] = "analysis"
@@ -30,13 +33,19 @@ _PERCENT: Final[float] = 100.0
 Row = dict[str, Any]
 
 
+def policy_label(config: Mapping[str, Any]) -> str:
+    """The composed policy of a config: ``policy[+stopper][+truncator]``."""
+    parts = [config["policy"], config.get("stopper"), config.get("truncator")]
+    return "+".join(str(p) for p in parts if p)
+
+
 def method_of(config: Mapping[str, Any]) -> str:
-    """Label of a config's method: ``model:policy cache=.. block=.. T=..`` (``block=full``
-    when the block spans the whole generation)."""
+    """Label of a config's method: ``model:policy[+stopper][+truncator] cache=.. block=.. T=..``
+    (``block=full`` when the block spans the whole generation)."""
     block = config.get("block_length")
     block_label = "full" if block in (None, config.get("gen_length")) else str(block)
     return (
-        f"{config['model']}:{config['policy']} cache={config.get('cache', 'none')} "
+        f"{config['model']}:{policy_label(config)} cache={config.get('cache', 'none')} "
         f"block={block_label} T={config.get('temperature', 0.0):g}"
     )
 
@@ -45,7 +54,7 @@ def config_label(config: Mapping[str, Any]) -> str:
     """Short human label: policy, params / steps, block length."""
     params = ",".join(f"{k}={v}" for k, v in sorted(config.get("params", {}).items()))
     speed = params or f"steps={config.get('steps')}"
-    return f"{config['policy']}[{speed}] block={config.get('block_length')}"
+    return f"{policy_label(config)}[{speed}] block={config.get('block_length')}"
 
 
 def _mean(values: Iterable[float]) -> float | None:
@@ -212,7 +221,9 @@ def analyze_rows(
     """Write every table (markdown + CSV) and, optionally, the PNG plots into ``out_dir``.
 
     Returns:
-        The tables by name: ``tasks``, ``categories``, ``overall``, ``pbx``, ``aup``, ``qps``.
+        The tables by name: ``tasks``, ``categories``, ``overall``, ``pbx``, ``aup``, ``qps``,
+        ``order`` (commit-order summaries per method, see ``eval.order``; only when rows
+        recorded ``commit_steps``).
     """
     if not rows:
         raise ValueError("no result rows to analyze")
@@ -226,6 +237,9 @@ def analyze_rows(
         "aup": aup_table(cells),
         "qps": qps_table(cells, baseline),
     }
+    order = order_table(rows, method_of)
+    if order:  # rows that recorded commit_steps
+        tables["order"] = order
     for name, table in tables.items():
         write_table(table, out / name)
     if plots:
@@ -233,6 +247,7 @@ def analyze_rows(
 
         pareto_plot(cells, out / "pareto.png")
         score_panels(cells, out / "panels.png")
+        order_plot(rows, method_of, out / "order.png")
     (out / "summary.json").write_text(json.dumps({"rows": len(rows), "cells": len(cells)}))
     return tables
 

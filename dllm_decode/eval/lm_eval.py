@@ -8,8 +8,9 @@ Usage (the launcher registers the model and adds the ParallelBench task pack)::
 
 Decoding knobs come from ``--model_args`` and, per request, from ``--gen_kwargs`` / the task's
 ``generation_kwargs`` (those win): ``policy``, ``cache``, ``block_length``, ``steps`` or
-``tokens_per_step`` (steps = gen_length / k), ``temperature``, ``seed`` and any policy
-parameter (``tau``, ``factor``, ...). ``max_gen_toks`` sets gen_length (rounded up to a
+``tokens_per_step`` (steps = gen_length / k), ``temperature``, ``seed``, ``stopper`` /
+``truncator`` (composition, as on the CLI) and any policy parameter (``tau``, ``factor``,
+``stopper.tau_low``, ...). ``max_gen_toks`` sets gen_length (rounded up to a
 multiple of block_length); ``until`` strings truncate the decoded text.
 
 ``loglikelihood`` is the Monte-Carlo masked ELBO of LLaDA-style evaluation: per draw, mask
@@ -157,11 +158,17 @@ class DllmDecodeLM(LM):
         return sampler, generate
 
     def _sampler(self, settings: dict[str, Any]) -> Any:
-        from dllm_decode import DiffusionSampler
+        """The sampler for ``settings``: ``policy``, ``cache``, optional ``stopper`` /
+        ``truncator`` (composition, as on the CLI) and flat parameters (``stopper.NAME``...)."""
+        from dllm_decode.samplers.build import build_sampler
 
         key = tuple(sorted((k, str(v)) for k, v in settings.items()))
         if key not in self._samplers:
-            self._samplers[key] = DiffusionSampler(self.model, **settings)
+            rest = dict(settings)
+            policy, cache = rest.pop("policy"), rest.pop("cache")
+            stopper, truncator = rest.pop("stopper", None), rest.pop("truncator", None)
+            self._samplers[key] = build_sampler(self.model, policy, stopper=stopper,
+                                                truncator=truncator, cache=cache, params=rest)
         return self._samplers[key]
 
     @staticmethod

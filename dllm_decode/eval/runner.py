@@ -5,7 +5,10 @@ Row schema (one JSON object per line; the single schema every table and plot is 
 gen_tokens_useful`` (tokens before the first EOS) ``, gen_tokens_budget`` (= gen_length)
 ``, wall_time_s`` (the batch's decode time / batch size) ``, prompt_tokens,
 decoding_order_tau`` (Kendall tau-b of commit step vs position over the useful tokens)
-``, config {model, policy, params, cache, gen_length, block_length, steps, temperature, seed},
+``, config {model, policy, params, cache, gen_length, block_length, steps, temperature, seed``
+``[, stopper, truncator]}`` (the composition; ``params`` keys ``stopper.*`` / ``truncator.*``
+address those parts) ``, commit_steps`` (the step at which each generated position was
+committed, -1 never; the decoding order that ``eval analyze`` summarises)``,
 config_hash, versions {dllm_decode, torch, transformers}``.
 
 Resume and sharding: each process appends to ``rows.rank{r}.jsonl`` (one line per sample,
@@ -54,19 +57,21 @@ DecodeFn = Callable[[torch.Tensor, torch.Tensor, DecodeConfig], Any]
 
 
 def sampler_decode_fn(model: Any) -> DecodeFn:
-    """A :data:`DecodeFn` over ``dllm_decode.DiffusionSampler`` (one sampler per policy/cache)."""
-    from dllm_decode import DiffusionSampler
+    """A :data:`DecodeFn` over ``dllm_decode.DiffusionSampler`` (one sampler per composed
+    policy / params / cache)."""
+    from dllm_decode.samplers.build import build_sampler
 
     samplers: dict[tuple[Any, ...], Any] = {}
     parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
     device = parameter.device if parameter is not None else torch.device("cpu")
 
     def decode(prompt_ids: torch.Tensor, attention_mask: torch.Tensor, config: DecodeConfig) -> Any:
-        key = (config.policy, config.params, config.cache)
+        key = (config.policy, config.stopper, config.truncator, config.params, config.cache)
         if key not in samplers:
-            samplers[key] = DiffusionSampler(
-                model, policy=config.policy, cache=config.cache, **dict(config.params)
-            )
+            samplers[key] = build_sampler(
+                model, config.policy, stopper=config.stopper, truncator=config.truncator,
+                cache=config.cache, params=dict(config.params),
+            )  # fmt: skip
         return samplers[key].generate(
             prompt_ids.to(device), attention_mask.to(device), gen_length=config.gen_length,
             block_length=config.block_length, steps=config.steps,
@@ -254,6 +259,7 @@ def run_grid(
                     "gen_tokens_budget": config.gen_length, "wall_time_s": per_sample,
                     "prompt_tokens": len(prompts[task, doc_id]),
                     "decoding_order_tau": kendall_tau(commit[row_i], useful),
+                    "commit_steps": commit[row_i],
                     "config": config.as_dict(), "config_hash": config.config_hash,
                     "versions": stamp,
                 })  # fmt: skip

@@ -38,6 +38,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, step_score, top1_mask
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.types import ScoreKind, StepState
 
 #: dParallel's entropy threshold per model family (released eval scripts: LLaDA ``eval.sh``
@@ -60,7 +61,7 @@ class Threshold:
 
     tau: float = 0.9
     score: ScoreKind = ScoreKind.PROB
-    budgeted: bool = False
+    capabilities = Capabilities(budgeted=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -85,7 +86,7 @@ class Factor:
     factor: float = 1.0
     score: ScoreKind = ScoreKind.PROB
     last_rank_quirk: bool = False
-    budgeted: bool = False
+    capabilities = Capabilities(budgeted=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -123,7 +124,7 @@ class EntropyBounded:
     prefix U with ``sum_{U} H - max_{U} H <= gamma`` (at least one)."""
 
     gamma: float = 0.1
-    budgeted: bool = False
+    capabilities = Capabilities(budgeted=False)
 
     def select(self, state: StepState) -> Tensor:
         h = -state.proposal.neg_entropy.double()
@@ -149,8 +150,7 @@ class EntropyThreshold:
     """
 
     theta: float | None = None
-    budgeted: bool = False
-    needs_logits: bool = True
+    capabilities = Capabilities(budgeted=False, needs_logits=True)
 
     def bind(self, model: Any, cfg: Any = None) -> EntropyThreshold:
         """With ``theta`` resolved for ``model``'s family (unchanged if given)."""

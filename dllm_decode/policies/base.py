@@ -19,10 +19,14 @@ from dllm_decode.types import ScoreKind, StepState
 
 @runtime_checkable
 class UnmaskPolicy(Protocol):
-    """Selects which eligible positions to commit this step."""
+    """Selects which eligible positions to commit this step.
 
-    #: uses the scheduled per-step budget (fixed steps); False = adaptive (open-ended steps)
-    budgeted: bool
+    What it needs from the loop (budgeted or adaptive, logits, cache preference, ...) it
+    declares as ``capabilities = Capabilities(...)`` (``policies.capabilities``; optional,
+    default ``Capabilities()``). Optional hooks: ``init_memory(batch, length, device)``
+    (per-generation state, handed back as ``state.memory``) and ``bind(model, cfg)`` (a copy
+    checked against / adapted to the model).
+    """
 
     def select(self, state: StepState) -> Tensor:
         """``state`` -> commit mask ``[B, L]`` bool."""

@@ -36,6 +36,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import random_scores, step_score, topk_mask
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -52,7 +53,6 @@ class TopK:
 
     score: ScoreKind = ScoreKind.PROB
     alg_temp: float | None = None
-    budgeted: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -82,8 +82,6 @@ class RandomOrder:
     reference, so seeded runs reproduce it.
     """
 
-    budgeted: bool = True
-
     def select(self, state: StepState) -> Tensor:
         return topk_mask(random_scores(state), state.eligible, state.budget)
 
@@ -97,11 +95,9 @@ class Origin:
     positions are drawn after this selection (``proposes_after_select``).
     """
 
-    budgeted: bool = False
-    proposes_after_select: bool = True
-    may_commit_nothing: bool = True
     #: the reveal probability comes from Dream's time grid, whatever the model family
-    preferred_schedule: str = "dream"
+    capabilities = Capabilities(budgeted=False, proposes_after_select=True,
+                                may_commit_nothing=True, preferred_schedule="dream")
 
     def select(self, state: StepState) -> Tensor:
         if state.times is None:

@@ -29,6 +29,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import top1_mask, topk_mask
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import register
 from dllm_decode.types import StepState
 
@@ -78,7 +79,6 @@ class ExploreThenExploit:
     budget_nats: float = 1.0
     explore: int = 1
     cross_block: bool | None = None
-    budgeted: bool = False
 
     def __post_init__(self) -> None:
         if self.lookahead < 0 or self.explore < 0 or self.budget_nats < 0:
@@ -91,6 +91,12 @@ class ExploreThenExploit:
         if self.cross_block is None and getattr(model, "attention", "") == "block_causal":
             return replace(self, lookahead=0)
         return self
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Adaptive; commits up to ``lookahead`` positions past the block (0 once bound to a
+        block-causal model unless ``cross_block=True``: the sampler reads the bound one's)."""
+        return Capabilities(budgeted=False, lookahead=self.lookahead)
 
     @staticmethod
     def earliest_block(state: StepState) -> Tensor:

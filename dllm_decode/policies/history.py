@@ -28,6 +28,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, step_score, topk_mask
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import register
 from dllm_decode.types import ScoreKind, StepState
 
@@ -78,9 +79,7 @@ class KLASS:
     kl_threshold: float = 0.01
     history: int = 2
     unmask_strategy: str = "all"
-    budgeted: bool = True
-    needs_logits: bool = True
-    full_span: bool = True
+    capabilities = Capabilities(needs_logits=True, full_span=True)
 
     def __post_init__(self) -> None:
         if self.history < 1:
@@ -101,7 +100,7 @@ class KLASS:
         mem: KLASSMemory = state.memory
         logits = state.logits
         if logits is None:
-            raise ValueError("KLASS needs the step's logits (needs_logits=True)")
+            raise ValueError("KLASS needs the step's logits (capabilities.needs_logits)")
         b, r, v = logits.shape
         length = state.fresh.shape[1]
         rows = state.rows
@@ -182,7 +181,6 @@ class CCD:
     warm_up: int = 5
     seek_mode: bool = True
     score: ScoreKind = ScoreKind.NEG_ENTROPY
-    budgeted: bool = True
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))

@@ -51,6 +51,8 @@ import torch
 from torch import Tensor, nn
 
 from dllm_decode.policies.base import bind_of, step_score, topk_mask
+from dllm_decode.policies.capabilities import NAMES as CAPABILITY_NAMES
+from dllm_decode.policies.capabilities import Capabilities, capabilities_of
 from dllm_decode.policies.confidence import TopK
 from dllm_decode.policies.learn2pd_filter import (
     DEFAULT_ACCEPT_THRES,
@@ -143,7 +145,11 @@ class Learn2PD:
     fallback: ScoreKind | None = None
     fingerprint: ModelFingerprint | None = None
     full_span: bool = False
-    budgeted: bool = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Budgeted; ``full_span`` as configured (EoTP's EOS scan)."""
+        return Capabilities(full_span=self.full_span)
 
     def __post_init__(self) -> None:
         if self.feature not in FEATURES:
@@ -243,12 +249,12 @@ class EoTP:
         eos_token_ids: EOS ids; ``None``: ``state.extras["eos_token_ids"]`` if the sampler
             provides it, else truncation is disabled (with a warning).
 
-    ``full_span`` asks for logits over the whole canvas, so masked EOS predictions beyond the
+    Declares ``full_span`` (logits over the whole canvas), so masked EOS predictions beyond the
     block are seen. Sync-free.
     """
 
     eos_token_ids: tuple[int, ...] | None = None
-    full_span: bool = True
+    capabilities = Capabilities(full_span=True)
 
     def __post_init__(self) -> None:
         if self.eos_token_ids is not None:
@@ -295,11 +301,16 @@ class EoTP:
 class FullSpan:
     """Any selector, asking the sampler for logits over the whole canvas (for EoTP's scan).
 
-    Every other attribute (``budgeted``, ``init_memory``, ...) is the wrapped selector's.
+    Its capabilities are the wrapped selector's plus ``full_span``; every other attribute
+    (``init_memory``, parameters, ...) but the capability names is the wrapped selector's.
     """
 
     inner: Any
-    full_span: bool = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The wrapped selector's, with ``full_span``."""
+        return replace(capabilities_of(self.inner), full_span=True)
 
     def select(self, state: StepState) -> Tensor:
         return self.inner.select(state)
@@ -310,7 +321,8 @@ class FullSpan:
         return self if inner is self.inner else replace(self, inner=inner)
 
     def __getattr__(self, name: str) -> Any:
-        if name == "inner" or name.startswith("__"):
+        # capabilities are the declared ones (an inner ``full_span=False`` field is not ours)
+        if name == "inner" or name.startswith("__") or name in CAPABILITY_NAMES:
             raise AttributeError(name)
         return getattr(self.inner, name)
 
@@ -322,7 +334,7 @@ def with_eotp(policy: Any, eos_token_ids: tuple[int, ...] | None = None) -> Poli
     if base.truncator is not None:
         raise ValueError(f"policy {base.name!r} already has a truncator ({base.truncator!r})")
     sel = base.selector
-    if not getattr(sel, "full_span", False):
+    if not capabilities_of(sel).full_span:
         sel = FullSpan(sel)
     return Policy(selector=sel, stopper=base.stopper, truncator=EoTP(eos_token_ids),
                   name=f"{base.name}+eotp")

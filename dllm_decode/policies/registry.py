@@ -14,12 +14,26 @@ from dllm_decode.types import ScoreKind
 
 @dataclass(frozen=True)
 class Policy:
-    """A composed decoding policy: a selector, and optionally a stopper and a truncator."""
+    """A composed decoding policy: a selector, and optionally a stopper and a truncator.
+
+    ``Policy(MyRule(), stopper=SchED(), truncator=EoTP())`` is the Python spelling of
+    composition (by names: ``policies.compose.compose``). The parts are checked against their
+    protocols (``select`` / ``should_stop`` / ``truncate``, ``TypeError`` otherwise); a stopper
+    with per-generation memory (``SchED``) gets it through the selector, which is wrapped in
+    ``sched.Supervised`` for that unless it already supervises this stopper.
+    """
 
     selector: Any
     stopper: Any = None
     truncator: Any = None
     name: str = "custom"
+
+    def __post_init__(self) -> None:
+        from dllm_decode.policies.compose import attach
+
+        selector = attach(self.selector, self.stopper, self.truncator)
+        if selector is not self.selector:
+            object.__setattr__(self, "selector", selector)
 
 
 PRESETS: dict[str, Callable[..., Any]] = {
@@ -45,9 +59,14 @@ def register(name: str, factory: Callable[..., Any]) -> None:
 
 
 def make_policy(name: str | Policy | Any, **params: Any) -> Policy:
-    """Build a named preset with its parameters; pass-through for policy objects."""
+    """Build a named preset, or a user class given as ``module:Class`` / ``file.py:Class``,
+    with its parameters; pass-through for policy objects."""
     if isinstance(name, Policy):
         return name
+    if isinstance(name, str) and ":" in name:
+        from dllm_decode.policies.compose import build_from_path
+
+        return build_from_path(name, params)
     if not isinstance(name, str):
         if not hasattr(name, "select"):
             raise TypeError(f"policy must be a name or have select(state); got {type(name)}")

@@ -30,6 +30,7 @@ from torch import Tensor
 
 from dllm_decode.policies.adaptive import EntropyBounded
 from dllm_decode.policies.base import step_score, topk_mask
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.confidence import TopK
 from dllm_decode.policies.registry import register
 from dllm_decode.types import ScoreKind, Selection, StepState
@@ -43,8 +44,7 @@ class DynamicThreshold:
 
     tau: float = 0.85
     score: ScoreKind = ScoreKind.PROB
-    budgeted: bool = True
-    preferred_schedule: str = "llada"
+    capabilities = Capabilities(preferred_schedule="llada")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -70,7 +70,6 @@ class BudgetCapped:
 
     inner: Any
     score: ScoreKind = ScoreKind.NEG_ENTROPY
-    budgeted: bool = True
 
     def select(self, state: StepState) -> Tensor:
         chosen = self.inner.select(state)

@@ -39,6 +39,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import bind_of, init_memory_of
+from dllm_decode.policies.capabilities import Capabilities, capabilities_of
 from dllm_decode.policies.registry import Policy, make_policy, register
 from dllm_decode.types import StepState
 
@@ -102,8 +103,9 @@ class SchED:
     shifted logits (Dream) are realigned by the model: the margin at canvas j is raw row j - 1.
 
     Memory: the gate needs ``SchEDMemory`` (found at ``state.memory.stopper``, see
-    ``Supervised``); a bare ``Policy(selector, SchED(...))`` runs stateless, which is allowed
-    only with the gate off (``max_change_ratio=1``, ``patience_steps=0``) and ``stale="skip"``.
+    ``Supervised``; ``Policy(selector, SchED(...))`` wraps the selector so); called without
+    it, ``should_stop`` runs stateless, which is allowed only with the gate off
+    (``max_change_ratio=1``, ``patience_steps=0``) and ``stale="skip"``.
 
     Caches: ``stale="skip"`` (default) checks, and advances the gate, only on steps whose logits
     are fresh over every position the statistic reads (every full-canvas forward, i.e. refresh
@@ -317,9 +319,13 @@ class Supervised:
             return self
         return replace(self, selector=sel, stopper=stop)
 
+    @property
+    def capabilities(self) -> Capabilities:
+        """The base selector's."""
+        return capabilities_of(self.selector)
+
     def __getattr__(self, name: str) -> Any:
-        # every other selector attribute the sampler reads (budgeted, full_span, lookahead,
-        # needs_logits, may_commit_nothing, preferred_cache, ...) is the base selector's
+        # any other attribute (a hook or parameter of the base) is the base selector's
         if name.startswith("__") or name in ("selector", "stopper"):
             raise AttributeError(name)
         return getattr(self.selector, name)

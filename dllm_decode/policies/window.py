@@ -30,6 +30,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import step_score, topk_mask
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import Policy, register
 from dllm_decode.types import ScoreKind, StepState
 
@@ -41,9 +42,7 @@ class WindowTopK:
     less than scheduled)."""
 
     score: ScoreKind = ScoreKind.PROB
-    budgeted: bool = True
-    preferred_cache: str = "window"
-    requires_attention: str = "bidirectional"
+    capabilities = Capabilities(preferred_cache="window", requires_attention="bidirectional")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -62,9 +61,7 @@ class WindowDream:
 
     score: ScoreKind = ScoreKind.NEG_ENTROPY
     early_stop: bool = False
-    budgeted: bool = True
-    preferred_cache: str = "window"
-    requires_attention: str = "bidirectional"
+    capabilities = Capabilities(preferred_cache="window", requires_attention="bidirectional")
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))

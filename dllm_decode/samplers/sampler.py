@@ -12,6 +12,7 @@ from torch import Tensor
 from dllm_decode.cache.plans import ForwardPlan, make_plan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.base import check_commit, init_memory_of
+from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
 from dllm_decode.policies.registry import Policy, make_policy
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.inputs import check_inputs
@@ -49,13 +50,11 @@ class DiffusionSampler:
       distribution. Unavailable under CFG.
     * ``select`` may return a ``types.Selection(commit, tokens, prob)`` instead of a bare
       mask: ``tokens`` replace the proposal at committed positions (a resampled token).
-    * selector attributes: ``preferred_cache`` (the cache mode used when ``cache`` is not
-      given), ``preferred_schedule`` (the budget rule when ``schedule`` is not given),
-      ``causal_prefix`` (AR-like caching for block-diffusion models, unless the config
-      says otherwise), ``requires_attention`` (the model attention the policy needs; checked
-      here), ``needs_logits``, ``full_span``, ``lookahead``, ``budgeted``. Declarative only:
-      ``extra_forwards`` (NFE may exceed the generation length), ``stochastic`` (random even
-      at temperature 0).
+    * declared capabilities (``policies.capabilities.Capabilities``, the ``capabilities``
+      attribute of the selector, stopper and truncator): read and checked once, here in
+      ``__init__`` (``self.capabilities``); unknown names and capabilities set as plain
+      attributes are errors. ``preferred_cache`` / ``preferred_schedule`` apply when the
+      config gives none, ``requires_attention`` is checked against the model.
 
     Args:
         model: any ``DiffusionLM``.
@@ -73,14 +72,17 @@ class DiffusionSampler:
         policy_params = {k: v for k, v in params.items() if k not in names}
         self.model = model
         self.policy = make_policy(policy, **policy_params)
-        need = getattr(self.policy.selector, "requires_attention", None)
+        # the one place the policy's declared capabilities are read and validated
+        self.capabilities = policy_capabilities(self.policy.selector, self.policy.stopper,
+                                                self.policy.truncator)
+        need = self.capabilities.requires_attention
         if need is not None and getattr(model, "attention", None) != need:
             raise ValueError(f"policy {self.policy.name!r} needs a model with attention={need!r} "
                              "('block_causal': block-diffusion models such as SDAR; "
                              "'bidirectional': LLaDA, Dream); this model's attention is "
                              f"{getattr(model, 'attention', None)!r}")
         if cache is None:
-            cache = getattr(self.policy.selector, "preferred_cache", None) or "none"
+            cache = self.capabilities.selector.preferred_cache or "none"
         self.config = SamplerConfig(cache=cache, **cfg_params)
         self.debug = debug
 
@@ -101,11 +103,16 @@ class DiffusionSampler:
         Returns: ``Generation`` (tokens ``[B, P + G]``, per-row NFE, commit steps, bits).
         """
         cfg = replace(self.config, **overrides) if overrides else self.config
-        model, policy = self.model, self.policy
+        model, policy, caps = self.model, self.policy, self.capabilities
         # components may check themselves against the model/config (``bind(model, cfg)``:
-        # Learn2PD's filter fingerprint and block length, EoTP's EOS ids)
-        selector, stopper, truncator = (_bind(c, model, cfg) for c in
-                                        (policy.selector, policy.stopper, policy.truncator))
+        # Learn2PD's filter fingerprint and block length, EoTP's EOS ids) and resolve what
+        # depends on the model (ETE's in-block lookahead on block-causal models): the loop
+        # follows the bound parts' declarations
+        parts = (policy.selector, policy.stopper, policy.truncator)
+        selector, stopper, truncator = bound = tuple(_bind(c, model, cfg) for c in parts)
+        if any(b_ is not c for b_, c in zip(bound, parts, strict=True)):
+            caps = policy_capabilities(*bound)
+        sel_caps = caps.selector
         prompt, valid_prompt = check_inputs(model, prompt_ids, attention_mask, cfg)
         b, p = prompt.shape
         g = cfg.gen_length
@@ -119,10 +126,10 @@ class DiffusionSampler:
         positions = model.rope_positions(valid)
         gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)
         family = getattr(model, "family", "")
-        schedule = cfg.schedule or getattr(selector, "preferred_schedule", None) or (
+        schedule = cfg.schedule or sel_caps.preferred_schedule or (
             "dream" if family == "dream" else "llada")
-        layout = self._layout(cfg, p, length, selector)
-        block_steps = self._block_steps(cfg, layout, selector)
+        layout = self._layout(cfg, p, length)
+        block_steps = self._block_steps(cfg, layout, sel_caps)
 
         cfg_on = cfg.cfg_scale > 0
         prompt_index = (canvas != mask_id) & (torch.arange(length, device=device) < p)
@@ -130,25 +137,25 @@ class DiffusionSampler:
         model_pos = torch.cat([positions, positions]) if cfg_on else positions
         causal = cfg.causal_prefix
         if causal is None:  # the policy's preference, where it applies
-            causal = bool(getattr(selector, "causal_prefix", False)) and (
-                model.attention == "block_causal")
+            causal = sel_caps.causal_prefix and model.attention == "block_causal"
         plan = make_plan(model, cfg.cache, model_valid, model_pos,
                          replace(cfg, causal_prefix=causal), family)
-        plan.draft_causal = bool(getattr(selector, "draft_causal", False))  # S2D2 draft_ver
+        plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
-        maker.after_select = bool(getattr(selector, "proposes_after_select", False))
+        maker.after_select = sel_caps.proposes_after_select
 
         memory = init_memory_of(selector, b, length, device)
         pos_idx = torch.arange(length, device=device)
         lo = 0 if cfg.allow_prompt_masks else p
-        full_span = stopper is not None or any(
-            bool(getattr(c, "full_span", False)) for c in (selector, truncator))
+        full_span = caps.full_span  # a stopper, or any part that declares it
         # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block
-        lookahead = int(getattr(selector, "lookahead", 0))
+        lookahead = sel_caps.lookahead
         nfe = torch.zeros(b, dtype=torch.long, device=device)
         commit_step = torch.full((b, g), -1, dtype=torch.long, device=device)
         lengths = torch.full((b,), g, dtype=torch.long, device=device)
         bits: list[Tensor] = []
+        refreshed: list[Tensor] = []  # [B] per step, stacked at the end (no sync)
+        step_forwards: list[int] = []  # host counters: model calls per step
         step = forwards = 0
         total_steps = sum(block_steps) if block_steps else g
 
@@ -200,9 +207,9 @@ class DiffusionSampler:
                     budget=budget, progress=step / max(total_steps - 1, 1), generator=gen,
                     forward_start=fed.fed_start, forward_width=fed.fed_width,
                     times=(times[i], times[i + 1]) if times is not None else None,
-                    memory=memory, logits=logits if getattr(selector, "needs_logits", False)
-                    else None, extras={"n_masked": n_masked, "lengths": lengths,
-                                       "refresh": fed.refresh, "total_steps": total_steps},
+                    memory=memory, logits=logits if caps.needs_logits else None,
+                    extras={"n_masked": n_masked, "lengths": lengths,
+                            "refresh": fed.refresh, "total_steps": total_steps},
                     rows=rows, refreshed=fed.refreshed_rows(b), model=step_model,
                 )
                 chosen = selector.select(state)
@@ -210,14 +217,13 @@ class DiffusionSampler:
                 commit = sel.commit
                 forwards += step_model.calls
                 if self.debug:
-                    check_commit(state, commit,
-                                 allow_empty=getattr(selector, "may_commit_nothing", False))
+                    check_commit(state, commit, allow_empty=sel_caps.may_commit_nothing)
                 tokens, prob = full_prop.tokens, full_prop.prob
                 if sel.tokens is not None:
                     tokens = torch.where(commit, sel.tokens, tokens)
                 if sel.prob is not None:
                     prob = torch.where(commit, sel.prob.to(prob.dtype), prob)
-                if getattr(selector, "proposes_after_select", False):
+                if sel_caps.proposes_after_select:
                     tokens = maker.resample_committed(logits, rows, commit, tokens)
                 if stopper is not None:
                     stop = stopper.should_stop(state)
@@ -227,6 +233,8 @@ class DiffusionSampler:
                 canvas = torch.where(commit, tokens, canvas)
                 nll = -torch.log(prob.double().clamp_min(1e-300))
                 bits.append(torch.where(commit, nll, 0.0).sum(1))
+                refreshed.append(state.refreshed)
+                step_forwards.append(1 + step_model.calls)
                 commit_step[commit[:, p:]] = step
                 nfe += eligible.any(1).long()
                 if truncator is not None:
@@ -241,12 +249,14 @@ class DiffusionSampler:
                     on_step(state, commit)
                 step += 1
         bits_t = torch.stack(bits, 1) if bits else torch.zeros(b, 0, dtype=torch.float64)
+        refreshed_t = (torch.stack(refreshed, 1) if refreshed
+                       else torch.zeros(b, 0, dtype=torch.bool, device=device))
         return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
-                          commit_step=commit_step, bits=bits_t, lengths=lengths)
+                          commit_step=commit_step, bits=bits_t, lengths=lengths,
+                          refreshed=refreshed_t, step_forwards=step_forwards)
 
     # ---- layout --------------------------------------------------------------------------
-    def _layout(self, cfg: SamplerConfig, p: int, length: int,
-                selector: Any) -> list[tuple[int, int, int]]:
+    def _layout(self, cfg: SamplerConfig, p: int, length: int) -> list[tuple[int, int, int]]:
         """``[(start, end, aligned_start)]`` blocks in canvas coordinates."""
         model = self.model
         if model.attention == "block_causal":
@@ -259,15 +269,15 @@ class DiffusionSampler:
         return [(s, e, s) for s, e in sch.blocks(p, cfg.gen_length, k)]
 
     def _block_steps(self, cfg: SamplerConfig, layout: list[tuple[int, int, int]],
-                     selector: Any) -> list[int] | None:
+                     caps: Capabilities) -> list[int] | None:
         """Steps per block for budgeted policies (``None``: adaptive, open-ended blocks).
 
         Prompt-relative blocks split ``steps`` evenly (LLaDA's rule, divisibility required).
         Absolute-aligned blocks of block-diffusion models can be partial at either end; each
         gets ``ceil(len * steps / G)`` steps, i.e. the same tokens per step.
         """
-        timed = getattr(selector, "proposes_after_select", False)  # origin: Dream time grid
-        if not getattr(selector, "budgeted", True) and not timed:
+        timed = caps.proposes_after_select  # origin: Dream time grid
+        if not caps.budgeted and not timed:
             return None
         total = cfg.steps or cfg.gen_length
         n_blocks = len(layout)

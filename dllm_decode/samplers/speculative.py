@@ -42,6 +42,8 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor
 
+from dllm_decode.policies.base import init_memory_of
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.s2d2 import (  # noqa: F401  (routers re-exported here)
     Always,
     BanditMemory,
@@ -234,7 +236,8 @@ class SelfSpeculative:
     both on in Config-A, the default): in the step's draft forward, the already-decoded
     positions of the current block left of its first mask attend causally, as they will in the
     verifier and in the AR-like cache, so the draft of the masked positions is conditioned on
-    the same prefix representations (the sampler passes the flag to the cache plan).
+    the same prefix representations (declared as the ``draft_causal`` capability; the sampler
+    passes it to the cache plan).
     Fewer than ``min(budget, eligible)`` commits from verification -> ``base`` commits the
     rest of that budget among the remaining positions; on the block's last scheduled step
     every remaining position is committed (an adaptive base may commit fewer than owed).
@@ -251,13 +254,14 @@ class SelfSpeculative:
     allow_resample: bool = True
     causal_prefix: bool = True
     draft_causal: bool = True
-    budgeted: bool = True
-    needs_logits: bool = True
-    preferred_cache: str = "block_causal"
-    preferred_schedule: str = "llada"
-    requires_attention: str = "block_causal"
-    extra_forwards: bool = True
-    stochastic: bool = True
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Block-causal models only; logits, extra verifier forwards, random acceptance."""
+        return Capabilities(needs_logits=True, preferred_cache="block_causal",
+                            preferred_schedule="llada", causal_prefix=self.causal_prefix,
+                            draft_causal=self.draft_causal, requires_attention="block_causal",
+                            extra_forwards=True, stochastic=True)
 
     def __post_init__(self) -> None:
         if self.base is None:
@@ -267,10 +271,9 @@ class SelfSpeculative:
 
     def init_memory(self, batch: int, length: int, device: torch.device) -> S2D2Memory:
         init = getattr(self.router, "init_memory", None)
-        base_init = getattr(self.base, "init_memory", None)
         z = torch.zeros(batch, dtype=torch.long, device=device)
         return S2D2Memory(router=init(batch, device) if init else None,
-                          base=base_init(batch, length, device) if base_init else None,
+                          base=init_memory_of(self.base, batch, length, device),
                           verified=z, accepted=z.clone(), committed=z.clone())
 
     def select(self, state: StepState) -> Selection:

@@ -27,6 +27,7 @@ import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
 
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.learn2pd import (
     L2PFilter,
     block_features,
@@ -80,9 +81,9 @@ class EGPOracle:
     reference: Tensor
     block_length: int
     feature: str = "llada_prob_all"
-    budgeted: bool = False
-    #: an unproductive step (no argmax equals y) commits nothing; the guard fires next step
-    may_commit_nothing: bool = True
+    #: adaptive; an unproductive step (no argmax equals y) commits nothing, the guard fires
+    #: on the next step
+    capabilities = Capabilities(budgeted=False, may_commit_nothing=True)
 
     def init_memory(self, batch: int, length: int, device: torch.device) -> EGPMemory:
         return EGPMemory()

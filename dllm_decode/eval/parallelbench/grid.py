@@ -20,11 +20,17 @@ Grid file (every key optional except ``sweeps``)::
       - policy: threshold
         params: {tau: [0.7, 0.9]}  # lists are crossed, scalars fixed
         block_length: full
+      - policy: threshold          # composed: selector + stopper + truncator
+        stopper: sched             # a name (sched, prophet) or an import path
+        truncator: eotp            # a name (eotp, eos_cut) or an import path
+        params: {tau: 0.9, stopper.tau_low: [2.0, 2.5]}   # stopper.* / truncator.* address parts
+      - policy: my_pkg.rules:TopTwo   # a user class by import path (or file.py:Class)
 
-Per sweep also: ``cache`` (default ``none``), ``temperature`` (0.0), ``seed`` (0),
-``gen_length`` (``auto`` = the task's max_tokens, or an int). A config is skipped (and
-reported) when ``k`` does not divide ``gen_length``, the block length does not divide it, or
-``steps`` is not a positive multiple of the block count (the v1 validity rules).
+``policy``, ``stopper`` and ``truncator`` may be lists (crossed). Per sweep also: ``cache``
+(default ``none``), ``temperature`` (0.0), ``seed`` (0), ``gen_length`` (``auto`` = the task's
+max_tokens, or an int). A config is skipped (and reported) when ``k`` does not divide
+``gen_length``, the block length does not divide it, or ``steps`` is not a positive multiple
+of the block count (the v1 validity rules).
 """
 
 from __future__ import annotations
@@ -40,6 +46,7 @@ from typing import Any, Final
 import yaml
 
 from dllm_decode.eval.parallelbench.tasks import BENCHMARK_TASKS, TASK_SPECS, task_spec
+from dllm_decode.policies.compose import STOPPERS, TRUNCATORS, is_import_path, split_params
 
 SOURCES: Final[tuple[str, ...]] = ("official", "generated")
 _GRID_KEYS: Final[frozenset[str]] = frozenset(
@@ -48,8 +55,8 @@ _GRID_KEYS: Final[frozenset[str]] = frozenset(
      "batch_size", "warmup", "sweeps"}
 )  # fmt: skip
 _SWEEP_KEYS: Final[frozenset[str]] = frozenset(
-    {"policy", "params", "block_length", "steps", "tokens_per_step", "cache", "temperature",
-     "seed", "gen_length"}
+    {"policy", "stopper", "truncator", "params", "block_length", "steps", "tokens_per_step",
+     "cache", "temperature", "seed", "gen_length"}
 )  # fmt: skip
 #: Characters of the sha256 hex digest kept as a config id.
 HASH_CHARS: Final[int] = 16
@@ -68,11 +75,20 @@ class DecodeConfig:
     steps: int | None = None
     temperature: float = 0.0
     seed: int = 0
+    stopper: str | None = None
+    truncator: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
-        """JSON-ready dict (``params`` as a mapping), the row's ``config`` field."""
+        """JSON-ready dict (``params`` as a mapping), the row's ``config`` field.
+
+        ``stopper`` / ``truncator`` appear only when set, so configs without them keep the
+        hash they had before composition existed.
+        """
         out = asdict(self)
         out["params"] = dict(self.params)
+        for part in ("stopper", "truncator"):
+            if out[part] is None:
+                del out[part]
         return out
 
     @property
@@ -93,6 +109,8 @@ class Sweep:
 
     policy: tuple[str, ...]
     params: tuple[tuple[str, tuple[Any, ...]], ...] = ()
+    stopper: tuple[str | None, ...] = (None,)
+    truncator: tuple[str | None, ...] = (None,)
     block_length: tuple[int | str | None, ...] = ("full",)
     steps: tuple[int | None, ...] = (None,)
     tokens_per_step: tuple[int, ...] | None = None
@@ -152,6 +170,18 @@ def _parse_sweep(raw: Mapping[str, Any], where: str) -> Sweep:
     params = raw.get("params") or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}: params must be a mapping of name -> value(s)")
+    try:
+        parts = split_params(params)
+    except ValueError as err:
+        raise ValueError(f"{where}: {err}") from None
+    for role, table in (("stopper", STOPPERS), ("truncator", TRUNCATORS)):
+        specs = _as_tuple(raw.get(role))
+        if parts[role] and None in specs:
+            raise ValueError(f"{where}: {role}.* parameters given without a {role}")
+        bad = [s for s in specs if s is not None and not is_import_path(s) and s not in table]
+        if bad:
+            raise ValueError(f"{where}: unknown {role} {bad}; valid: {sorted(table)} or an "
+                             "import path 'package.module:ClassName'")
     fields_ = {key: _as_tuple(raw[key]) for key in raw if key not in ("policy", "params")}
     return Sweep(
         policy=_as_tuple(raw["policy"]),
@@ -210,8 +240,9 @@ def expand_configs(grid: Grid, task: str, model: str) -> list[DecodeConfig]:
         for combo in itertools.product(
             sweep.policy, itertools.product(*(v for _, v in sweep.params)), sweep.cache,
             sweep.temperature, sweep.seed, sweep.gen_length, sweep.block_length, schedule,
+            sweep.stopper, sweep.truncator,
         ):  # fmt: skip
-            policy, values, cache, temperature, seed, gen, block, sched = combo
+            policy, values, cache, temperature, seed, gen, block, sched, stop, trunc = combo
             gen_length = budget if gen == "auto" else int(gen)
             block_length = gen_length if block in ("full", None) else int(block)
             steps = sched
@@ -232,7 +263,8 @@ def expand_configs(grid: Grid, task: str, model: str) -> list[DecodeConfig]:
                     model=model, policy=str(policy), params=tuple(zip(names, values, strict=True)),
                     cache=str(cache), gen_length=gen_length, block_length=block_length,
                     steps=None if steps is None else int(steps), temperature=float(temperature),
-                    seed=int(seed),
+                    seed=int(seed), stopper=None if stop is None else str(stop),
+                    truncator=None if trunc is None else str(trunc),
                 )
             )  # fmt: skip
     return list(dict.fromkeys(configs))

@@ -1,0 +1,192 @@
+"""Declared capabilities: what a selector, stopper or truncator needs from the sampler.
+
+A policy component declares them once, as a class attribute (or a property, when they follow
+its parameters)::
+
+    @dataclass(frozen=True)
+    class MyRule:
+        capabilities = Capabilities(budgeted=False, needs_logits=True)
+
+        def select(self, state): ...
+
+Components without a ``capabilities`` attribute get ``Capabilities()`` (a budgeted selector that
+needs nothing special). The sampler reads them once, when it binds the policy
+(``policy_capabilities``), and nowhere else; unknown names are a ``TypeError`` when the
+``Capabilities`` is built, and a capability spelled as a plain attribute of the component (the
+pre-``Capabilities`` style, e.g. ``needs_logits = True``) is an error at bind time unless it
+agrees with the declared value. ``bind(model, cfg)`` may resolve the capabilities that
+depend on the model (ETE's ``lookahead`` is 0 on block-causal models unless ``cross_block``):
+``generate`` re-reads the declaration of a part that ``bind`` replaced, for the decode loop;
+what ``__init__`` uses (``preferred_cache``, ``requires_attention``) comes from the unbound part.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, fields
+from typing import Any, Final
+
+_CACHES: Final[tuple[str, ...]] = ("none", "prefix", "dual", "block_causal", "window")
+_SCHEDULES: Final[tuple[str, ...]] = ("llada", "dream")
+_ATTENTIONS: Final[tuple[str, ...]] = ("bidirectional", "block_causal")
+#: capabilities a stopper or truncator may declare (the rest describe how a selector selects)
+_ANY_ROLE: Final[frozenset[str]] = frozenset({"full_span", "needs_logits", "requires_attention"})
+#: how close a bool attribute's name must be to a capability name to be reported as a typo
+_TYPO_CUTOFF: Final[float] = 0.88
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a policy component needs from the decode loop, and what it offers.
+
+    Args:
+        budgeted: uses the scheduled per-step budget (``state.budget``, fixed ``steps``);
+            False = adaptive, open-ended steps (blocks run until nothing is masked).
+        needs_logits: wants the step's raw logits in ``state.logits`` (``[B, R, V]``).
+        full_span: wants proposals over the whole canvas, not only the current block
+            (stoppers always get it).
+        lookahead: positions past the current block the selector may commit (cross-block).
+        preferred_cache: cache mode used when the caller gives none (``None``: ``"none"``).
+        preferred_schedule: ``"llada" | "dream"`` budget rule used when the caller gives none
+            (``None``: the model family's).
+        causal_prefix: AR-like prefix caching on block-diffusion models, unless the config
+            says otherwise.
+        draft_causal: on block-causal models, the forward plan also computes the current
+            block's draft-causal rows (S2D2's partially-causal drafting, ``draft_ver``);
+            ignored on other attentions.
+        requires_attention: the model attention the policy needs (``"bidirectional"`` or
+            ``"block_causal"``); checked when the sampler is built.
+        proposes_after_select: tokens of committed positions are drawn after the selection
+            (Dream ``origin``); also puts the selector on the Dream time grid.
+        may_commit_nothing: a step may commit nothing although positions are eligible (the
+            commit contract's ">= 1 per row" is waived in ``check_commit``).
+        extra_forwards: runs extra model forwards (``state.model.forward``), so NFE may exceed
+            the generation length (declarative: read by tests and tools, not the loop).
+        stochastic: random even at temperature 0 (declarative, as ``extra_forwards``).
+    """
+
+    budgeted: bool = True
+    needs_logits: bool = False
+    full_span: bool = False
+    lookahead: int = 0
+    preferred_cache: str | None = None
+    preferred_schedule: str | None = None
+    causal_prefix: bool = False
+    draft_causal: bool = False
+    requires_attention: str | None = None
+    proposes_after_select: bool = False
+    may_commit_nothing: bool = False
+    extra_forwards: bool = False
+    stochastic: bool = False
+
+    def __post_init__(self) -> None:
+        for name, value, valid in (("preferred_cache", self.preferred_cache, _CACHES),
+                                   ("preferred_schedule", self.preferred_schedule, _SCHEDULES),
+                                   ("requires_attention", self.requires_attention, _ATTENTIONS)):
+            if value is not None and value not in valid:
+                raise ValueError(f"Capabilities.{name} must be None or one of {valid}, "
+                                 f"got {value!r}")
+        if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or (
+                self.lookahead < 0):
+            raise ValueError(f"Capabilities.lookahead must be an int >= 0, got {self.lookahead!r}")
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        """Every capability name."""
+        return tuple(f.name for f in fields(cls))
+
+
+DEFAULT: Final[Capabilities] = Capabilities()
+NAMES: Final[tuple[str, ...]] = Capabilities.names()
+
+
+def capabilities_of(component: Any, role: str = "selector") -> Capabilities:
+    """The validated ``Capabilities`` of a selector, stopper or truncator.
+
+    Args:
+        component: the policy part (``None``: an absent stopper / truncator).
+        role: ``selector | stopper | truncator``, for the checks and error messages.
+
+    Raises:
+        TypeError: ``capabilities`` is not a ``Capabilities``.
+        ValueError: a capability written as a plain attribute that disagrees with the declared
+            value (or a likely misspelling of one); a stopper or truncator declaring a
+            selector-only capability.
+    """
+    if component is None:
+        return DEFAULT
+    kind = type(component).__name__
+    caps = getattr(component, "capabilities", DEFAULT)
+    if not isinstance(caps, Capabilities):
+        raise TypeError(f"{role} {kind}.capabilities must be a dllm_decode.Capabilities, got "
+                        f"{type(caps).__name__}")
+    for name in NAMES:
+        try:
+            value = getattr(component, name)
+        except AttributeError:
+            continue
+        if callable(value) or value == getattr(caps, name):
+            continue
+        raise ValueError(
+            f"{role} {kind} sets {name}={value!r} as a plain attribute, but the sampler only "
+            f"reads declared capabilities ({kind}.capabilities.{name} is "
+            f"{getattr(caps, name)!r}); declare it instead: capabilities = "
+            f"Capabilities({name}={value!r}), or a property returning one")
+    _check_typos(component, role, kind)
+    if role != "selector":
+        extra = [n for n in NAMES if n not in _ANY_ROLE and getattr(caps, n) != getattr(DEFAULT, n)]
+        if extra:
+            raise ValueError(f"{role} {kind} declares selector capabilities {extra}; a {role} may "
+                             f"only declare {sorted(_ANY_ROLE)}")
+    return caps
+
+
+def _check_typos(component: Any, role: str, kind: str) -> None:
+    names = set(vars(type(component))) | set(getattr(component, "__dict__", {}))
+    for attr in sorted(names):
+        if attr.startswith("_") or attr in NAMES:
+            continue
+        value = getattr(component, attr, None)
+        if not isinstance(value, bool):
+            continue
+        close = difflib.get_close_matches(attr, NAMES, n=1, cutoff=_TYPO_CUTOFF)
+        if close:
+            raise ValueError(f"{role} {kind} has attribute {attr!r}: did you mean the capability "
+                             f"{close[0]!r}? Declare capabilities = Capabilities({close[0]}=...)")
+
+
+@dataclass(frozen=True)
+class PolicyCapabilities:
+    """What the sampler reads off a whole policy (selector + stopper + truncator), once.
+
+    ``selector`` holds the selector's declaration; ``full_span`` / ``needs_logits`` are true when
+    any part asks (a stopper always implies ``full_span``); ``requires_attention`` is the one
+    attention any part requires (``None``: any).
+    """
+
+    selector: Capabilities
+    full_span: bool
+    needs_logits: bool
+    requires_attention: str | None
+
+
+def policy_capabilities(selector: Any, stopper: Any = None,
+                        truncator: Any = None) -> PolicyCapabilities:
+    """Validate every part's declaration and combine them (see ``PolicyCapabilities``).
+
+    Raises:
+        ValueError: parts that require different model attentions, or any error of
+            ``capabilities_of``.
+    """
+    parts = {"selector": capabilities_of(selector, "selector"),
+             "stopper": capabilities_of(stopper, "stopper"),
+             "truncator": capabilities_of(truncator, "truncator")}
+    need = {c.requires_attention for c in parts.values()} - {None}
+    if len(need) > 1:
+        raise ValueError(f"policy parts require different model attentions: {sorted(need)}")
+    return PolicyCapabilities(
+        selector=parts["selector"],
+        full_span=stopper is not None or any(c.full_span for c in parts.values()),
+        needs_logits=any(c.needs_logits for c in parts.values()),
+        requires_attention=next(iter(need), None),
+    )

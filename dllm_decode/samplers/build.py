@@ -1,0 +1,33 @@
+"""``build_sampler``: a ``DiffusionSampler`` from the flat spelling the CLI and grids use."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from dllm_decode.config import SamplerConfig
+from dllm_decode.policies.compose import compose
+from dllm_decode.samplers.sampler import DiffusionSampler
+
+
+def build_sampler(model: Any, policy: Any = "low_confidence", *, stopper: Any = None,
+                  truncator: Any = None, cache: str | None = None,
+                  params: Mapping[str, Any] | None = None, debug: bool = False) -> DiffusionSampler:
+    """``DiffusionSampler(model, compose(policy, stopper, truncator, ...), cache, ...)``.
+
+    Args:
+        model: any ``DiffusionLM``.
+        policy: preset name, import path ``module:Class``, ``Policy`` or selector object.
+        stopper, truncator: ``None``, a name, an import path or an object (see
+            ``policies.compose``).
+        cache: cache mode (``None``: the policy's preferred one, else ``"none"``).
+        params: flat parameters: ``SamplerConfig`` fields (``steps``, ``window_tokens``, ...)
+            and policy parameters (``tau``, ``stopper.tau_low``, ``truncator.eos_token_ids``).
+        debug: check the commit contract every step.
+    """
+    params = dict(params or {})
+    names = set(SamplerConfig.field_names())
+    config = {k: v for k, v in params.items() if k in names}
+    rest = {k: v for k, v in params.items() if k not in names}
+    built = compose(policy, stopper=stopper, truncator=truncator, params=rest)
+    return DiffusionSampler(model, built, cache=cache, debug=debug, **config)

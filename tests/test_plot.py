@@ -1,0 +1,79 @@
+"""Decoding pictures (``plot_decoding``, ``generate --plot``) and commit-order summaries."""
+
+from __future__ import annotations
+
+import struct
+
+import pytest
+import torch
+
+from dllm_decode import DiffusionSampler, plot_decoding
+from dllm_decode.eval.analyze import analyze_rows, method_of
+from dllm_decode.eval.order import commit_times, order_table, row_summary
+from tests.helpers import tiny_model
+
+pytest.importorskip("matplotlib")
+pytestmark = pytest.mark.usefixtures("one_thread")
+LLADA = tiny_model("llada", seed=5)
+PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+
+
+def _png_size(data: bytes) -> tuple[int, int]:
+    assert data[:8] == PNG_MAGIC and data[12:16] == b"IHDR"
+    return struct.unpack(">II", data[16:24])
+
+
+def test_generation_records_steps_without_syncs() -> None:
+    prompt = torch.tensor([[3, 4, 5], [6, 7, 8]])
+    out = DiffusionSampler(LLADA, "low_confidence", cache="dual", gen_length=8,
+                           block_length=4, steps=8).generate(prompt)
+    assert out.refreshed.shape == (2, out.steps) and len(out.step_forwards) == out.steps
+    # dual: a full refresh at each block's first step only
+    assert out.refreshed[0].tolist() == [True, False, False, False] * 2
+    per_step = out.commits_per_step()
+    assert per_step.tolist() == [[1] * 8] * 2 and out.forwards == sum(out.step_forwards)
+    fast = DiffusionSampler(LLADA, "threshold", tau=0.0, gen_length=8).generate(prompt)
+    assert fast.commits_per_step().sum(1).tolist() == [8, 8]
+
+
+@pytest.mark.parametrize("size", [(10.0, 7.0), (6.0, 4.0)])
+def test_plot_decoding_png(tmp_path, size) -> None:
+    out = DiffusionSampler(LLADA, "threshold", tau=0.3, cache="dual", gen_length=12,
+                           block_length=4).generate(torch.tensor([[3, 4, 5]]))
+    path = tmp_path / "sub" / "decode.png"
+    fig = plot_decoding(out, path, figsize=size, dpi=80, decode=lambda ids: str(ids[0]))
+    data = path.read_bytes()
+    assert len(data) > 5_000 and _png_size(data) == (int(size[0] * 80), int(size[1] * 80))
+    assert "tokens/forward" in fig._suptitle.get_text()
+    with pytest.raises(ValueError, match="row must be"):
+        plot_decoding(out, row=1)
+
+
+def test_order_summaries() -> None:
+    assert commit_times([0, 1, 2, 3], 4) == [0.0, 1 / 3, 2 / 3, 1.0]
+    assert commit_times([5, 5, -1], 3) == [0.0, 0.0, 1.0]
+    config = {"model": "m", "policy": "p", "stopper": "sched", "cache": "none",
+              "gen_length": 8, "block_length": 8, "temperature": 0.0}
+    l2r = {"config": config, "gen_tokens_useful": 8, "decoding_order_tau": 1.0,
+           "commit_steps": list(range(8))}
+    summary = row_summary(l2r)
+    assert summary["in_order"] == 1.0 and summary["rounds"] == 8.0
+    assert [round(summary[f"t_q{q}"], 3) for q in (1, 2, 3, 4)] == [0.071, 0.357, 0.643, 0.929]
+    at_once = {**l2r, "commit_steps": [0] * 8, "decoding_order_tau": None}
+    table = order_table([l2r, at_once, {**l2r, "commit_steps": None}], method_of)
+    assert len(table) == 1 and table[0]["method"] == "m:p+sched cache=none block=full T=0"
+    assert table[0]["rows"] == 2 and table[0]["max_per_round"] == 4.5
+
+
+def test_analyze_writes_order(tmp_path) -> None:
+    config = {"model": "m", "policy": "p", "cache": "none", "gen_length": 8,
+              "block_length": 8, "steps": None, "temperature": 0.0, "params": {}}
+    rows = [{"config": config, "config_hash": "h", "task": "waiting_line/copy", "doc_id": i,
+             "category": "waiting_line", "score": 1.0, "score_strict": 1.0, "nfe": 4,
+             "gen_tokens_useful": 8, "gen_tokens_budget": 8, "wall_time_s": 0.1,
+             "decoding_order_tau": 0.9, "commit_steps": [0, 0, 1, 1, 2, 2, 3, 3]}
+            for i in range(3)]
+    tables = analyze_rows(rows, tmp_path)
+    assert tables["order"][0]["rounds"] == 4.0
+    assert (tmp_path / "order.md").read_text().startswith("| method")
+    assert _png_size((tmp_path / "order.png").read_bytes()) == (800, 500)
