@@ -11,6 +11,7 @@ from typing import Any
 import torch
 
 from dllm_decode.policies.registry import PRESETS, load_optional_presets
+from dllm_decode.samplers.contract import DecodeContractError
 
 #: the bundled default checkpoint (LLaDA-like); a seeded random model stands in if absent
 DEFAULT_MODEL = "tiny-llada"
@@ -76,12 +77,27 @@ def _policy_params(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _reject_sampler_params(params: dict[str, Any]) -> None:
+    """``--param`` is for policy parameters; sampler settings have their own flags."""
+    from dllm_decode.config import SamplerConfig
+
+    clash = sorted(set(params) & set(SamplerConfig.field_names()))
+    if clash:
+        flags = {"gen_length", "block_length", "steps", "temperature", "seed", "stop_at_eos",
+                 "cache"}
+        hints = [f"--{k.replace('_', '-')} {params[k]}" if k in flags else
+                 f"{k} (no generate flag; set it through the Python API)" for k in clash]
+        raise ValueError(f"--param {clash} are sampler settings, not policy parameters; use "
+                         + ", ".join(hints))
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from dllm_decode.samplers.sampler import DiffusionSampler
 
     model, tok, desc = load_model_and_tokenizer(args.model, args.seed)
     ids = encode_prompt(tok, args.prompt)
     params = _policy_params(args.param)
+    _reject_sampler_params(params)
     sampler = DiffusionSampler(model, args.policy, cache=args.cache,
                                gen_length=args.gen_length, block_length=args.block_length,
                                steps=args.steps, temperature=args.temperature, seed=args.seed,
@@ -172,7 +188,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, FileNotFoundError) as err:
+    except (ValueError, FileNotFoundError, DecodeContractError) as err:
         print(f"dllm-decode: error: {err}", file=sys.stderr)
         return 2
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
+from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import CacheMode, Impl
 
 _SAMPLING = ("gumbel", "categorical")
@@ -55,13 +56,16 @@ class SamplerConfig:
         rng: ``compact`` draws noise only for the rows that are scored; ``reference`` draws it
             in the reference decoders' shapes and order (exact seeded conformance).
         allow_prompt_masks: accept MASK tokens inside the prompt (LLaDA infilling semantics:
-            they are eligible like block positions).
+            they are eligible like block positions). As in LLaDA's ``generate``, the answer may
+            then end with masks (the one exception to the no-masks contract).
         max_steps_per_block: safety cap for adaptive policies (``None``: the block's masked
             count, which always suffices since every step commits at least one position).
         exact_steps: run every scheduled step even after the block is complete, as the
             reference decoders do (their NFE accounting; e.g. Dream always runs ``steps``).
         impl: kernel implementation for the proposal op.
-        seed: seed of the ``torch.Generator`` (``None``: 0).
+        seed: seed of the ``torch.Generator`` shared by the batch (``None``: 0), or one int per
+            row (a list or tuple): every row is then decoded alone with its own generator, so
+            sampled tokens do not depend on the batch (``samplers.batching``).
     """
 
     gen_length: int = 128
@@ -89,7 +93,7 @@ class SamplerConfig:
     max_steps_per_block: int | None = None
     exact_steps: bool = False
     impl: Impl = Impl.AUTO
-    seed: int | None = None
+    seed: int | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, msg: str) -> None:
@@ -98,6 +102,13 @@ class SamplerConfig:
 
         object.__setattr__(self, "cache", _enum(CacheMode, self.cache, "cache"))
         object.__setattr__(self, "impl", _enum(Impl, self.impl, "impl"))
+        check_fields(self, "SamplerConfig")
+        if isinstance(self.seed, list):
+            object.__setattr__(self, "seed", tuple(self.seed))
+        seeds = self.seed if isinstance(self.seed, tuple) else (self.seed,)
+        check(self.seed is None or (len(seeds) > 0 and all(
+            isinstance(s, int) and not isinstance(s, bool) for s in seeds)),
+            f"seed must be an int, None, or a list of ints (one per row), got {self.seed!r}")
         check(isinstance(self.gen_length, int) and self.gen_length >= 1,
               f"gen_length must be an int >= 1, got {self.gen_length!r}")
         check(self.block_length is None or self.block_length >= 1,

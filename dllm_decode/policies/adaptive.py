@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, top1_mask
+from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -26,6 +27,8 @@ class Threshold:
 
     ``tau = 0.9`` is the default of every Fast-dLLM script; ``tau > 1`` degenerates to one
     token per step. Comparison is ``>=`` as in the reference (``score == tau`` is kept).
+    ``tau`` must lie in (0, 1] for probability scores (``prob``, ``margin``), be >= 0 for
+    ``logit_margin`` and <= 0 for ``neg_entropy``.
     """
 
     tau: float = 0.9
@@ -34,6 +37,12 @@ class Threshold:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
+        check_fields(self, "Threshold")
+        lo, hi, lo_open = {ScoreKind.PROB: (0.0, 1.0, True), ScoreKind.MARGIN: (0.0, 1.0, True),
+                           ScoreKind.LOGIT_MARGIN: (0.0, None, False),
+                           ScoreKind.NEG_ENTROPY: (None, 0.0, False)}[self.score]
+        check_range(f"Threshold(score={self.score.value!r})", "tau", self.tau, lo, hi,
+                    lo_open=lo_open)
 
     def select(self, state: StepState) -> Tensor:
         score = state.proposal.score(self.score)
@@ -57,8 +66,8 @@ class Factor:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
-        if self.factor <= 0:
-            raise ValueError(f"factor must be > 0, got {self.factor}")
+        check_fields(self, "Factor")
+        check_range("Factor", "factor", self.factor, 0.0, lo_open=True)
 
     def select(self, state: StepState) -> Tensor:
         score = state.proposal.score(self.score).double()
@@ -89,6 +98,10 @@ class EntropyBounded:
     gamma: float = 0.1
     budgeted: bool = False
 
+    def __post_init__(self) -> None:
+        check_fields(self, "EntropyBounded")
+        check_range("EntropyBounded", "gamma", self.gamma, 0.0)
+
     def select(self, state: StepState) -> Tensor:
         h = -state.proposal.neg_entropy.double()
         eligible = state.eligible
@@ -108,6 +121,10 @@ class EntropyThreshold:
 
     theta: float = 0.5
     budgeted: bool = False
+
+    def __post_init__(self) -> None:
+        check_fields(self, "EntropyThreshold")
+        check_range("EntropyThreshold", "theta", self.theta, 0.0)
 
     def select(self, state: StepState) -> Tensor:
         neg_h = state.proposal.neg_entropy

@@ -26,6 +26,7 @@ from torch import Tensor
 
 from dllm_decode.policies.base import init_memory_of
 from dllm_decode.policies.registry import Policy, make_policy, register
+from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import StepState
 
 _MODES = ("linear", "cosine", "exp", "piecewise")
@@ -132,6 +133,7 @@ class SchED:
     stale: str = "skip"
 
     def __post_init__(self) -> None:
+        check_fields(self, "SchED")
         for name, value, valid in (("tau_mode", self.tau_mode, _MODES),
                                    ("stat", self.stat, _STATS),
                                    ("region", self.region, _REGIONS),

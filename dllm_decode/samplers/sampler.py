@@ -14,7 +14,10 @@ from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.base import check_commit, init_memory_of
 from dllm_decode.policies.registry import Policy, make_policy
 from dllm_decode.samplers import schedule as sch
+from dllm_decode.samplers.batching import decode_groups, split_rows
+from dllm_decode.samplers.contract import StepGuard, force_block_end
 from dllm_decode.samplers.inputs import check_inputs
+from dllm_decode.samplers.params import replace_config, split_params
 from dllm_decode.samplers.proposals import ProposalMaker, widen
 from dllm_decode.types import Generation, Selection, StepState
 
@@ -62,15 +65,20 @@ class DiffusionSampler:
         policy: a preset name (``make_policy``), a ``Policy`` or a selector object.
         cache: ``"none" | "prefix" | "dual" | "block_causal" | "window"`` (``None``: the
             policy's ``preferred_cache``, else ``"none"``).
-        debug: check the commit contract every step (``check_commit``).
-        **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``).
+        debug: also assert the full commit contract every step (``check_commit``; the cheap
+            part, ``samplers.contract``, is enforced on every run).
+        **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``; only
+            with a preset name). Unknown names raise ``ValueError`` with the closest valid one.
+
+    Batch invariance: a row's greedy tokens and NFE do not depend on its batch neighbours
+    (block-causal models split ragged batches by block phase, see ``samplers.batching``); with
+    ``temperature > 0`` one generator is shared by the batch unless ``seed`` is a list with one
+    int per row, which decodes every row as it decodes alone with its seed.
     """
 
     def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
                  cache: str | None = None, *, debug: bool = False, **params: Any) -> None:
-        names = set(SamplerConfig.field_names())
-        cfg_params = {k: v for k, v in params.items() if k in names}
-        policy_params = {k: v for k, v in params.items() if k not in names}
+        cfg_params, policy_params = split_params(policy, params)
         self.model = model
         self.policy = make_policy(policy, **policy_params)
         need = getattr(self.policy.selector, "requires_attention", None)
@@ -100,13 +108,17 @@ class DiffusionSampler:
 
         Returns: ``Generation`` (tokens ``[B, P + G]``, per-row NFE, commit steps, bits).
         """
-        cfg = replace(self.config, **overrides) if overrides else self.config
+        cfg = replace_config(self.config, overrides) if overrides else self.config
         model, policy = self.model, self.policy
         # components may check themselves against the model/config (``bind(model, cfg)``:
         # Learn2PD's filter fingerprint and block length, EoTP's EOS ids)
         selector, stopper, truncator = (_bind(c, model, cfg) for c in
                                         (policy.selector, policy.stopper, policy.truncator))
         prompt, valid_prompt = check_inputs(model, prompt_ids, attention_mask, cfg)
+        groups = split_rows(model, valid_prompt, cfg.seed)
+        if groups is not None:  # batch invariance: sub-batches decoded alone, then merged
+            return decode_groups(self.generate, prompt, valid_prompt, groups, on_step=on_step,
+                                 **{k: v for k, v in overrides.items() if k != "seed"})
         b, p = prompt.shape
         g = cfg.gen_length
         length = p + g
@@ -117,7 +129,7 @@ class DiffusionSampler:
         canvas = torch.cat([prompt, torch.full((b, g), mask_id, device=device)], dim=1)
         valid = torch.cat([valid_prompt, torch.ones(b, g, dtype=torch.bool, device=device)], 1)
         positions = model.rope_positions(valid)
-        gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)
+        gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)  # one per batch
         family = getattr(model, "family", "")
         schedule = cfg.schedule or getattr(selector, "preferred_schedule", None) or (
             "dream" if family == "dream" else "llada")
@@ -136,6 +148,8 @@ class DiffusionSampler:
                          replace(cfg, causal_prefix=causal), family)
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = bool(getattr(selector, "proposes_after_select", False))
+        guard = StepGuard(b, device, policy.name,
+                          exempt_stall=bool(getattr(selector, "may_commit_nothing", False)))
 
         memory = init_memory_of(selector, b, length, device)
         pos_idx = torch.arange(length, device=device)
@@ -157,6 +171,7 @@ class DiffusionSampler:
             steps_per_block = block_steps[blk] if block_steps else None
             n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
+            guard.start_block()
             for i in range(n_iter):
                 masked = canvas == mask_id
                 model_canvas = canvas
@@ -165,9 +180,10 @@ class DiffusionSampler:
                 need = plan.prepare(model_canvas, i, lo,
                                     final=bool(steps_per_block) and i == n_iter - 1)
                 # the one host sync per step: is anything still masked in this block? (plus
-                # the integers the plan needs to shape its forward)
-                n_left, n_masked, *host = torch.cat(
-                    [torch.stack([masked[:, bs:be].sum(), masked.sum()]), need]).tolist()
+                # the integers the plan needs to shape its forward, and the contract's flag)
+                n_left, n_masked, n_bad, *host = torch.cat([torch.stack(
+                    [masked[:, bs:be].sum(), masked.sum(), guard.flag()]), need]).tolist()
+                guard.raise_if(n_bad)
                 if n_left == 0 and not (cfg.exact_steps and steps_per_block):
                     break
                 reach = min(be + lookahead, length)
@@ -208,6 +224,13 @@ class DiffusionSampler:
                 sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
                 commit = sel.commit
                 forwards += step_model.calls
+                # the contract (samplers.contract): recorded here, raised at the next sync; the
+                # block's last step commits whatever an under-committing policy left
+                guard.check_shape(commit, eligible)
+                guard.observe(step, prop, live, eligible, budget, commit,
+                              min(n_iter, be - bs), last=i == n_iter - 1)
+                if i == n_iter - 1 and lo == p:  # (prompt masks: LLaDA's carry-over, kept)
+                    commit = force_block_end(commit, eligible, bs)
                 if self.debug:
                     check_commit(state, commit,
                                  allow_empty=getattr(selector, "may_commit_nothing", False))
@@ -239,6 +262,7 @@ class DiffusionSampler:
                 if on_step is not None:
                     on_step(state, commit)
                 step += 1
+        guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
         bits_t = torch.stack(bits, 1) if bits else torch.zeros(b, 0, dtype=torch.float64)
         return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
                           commit_step=commit_step, bits=bits_t, lengths=lengths)

@@ -29,6 +29,7 @@ reported) when ``k`` does not divide ``gen_length``, the block length does not d
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
@@ -128,17 +129,31 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
 def _expand_tasks(names: Iterable[str]) -> tuple[str, ...]:
     out: list[str] = []
     for name in names:
+        name = str(name)
         if name == "benchmark":
             out.extend(BENCHMARK_TASKS)
         elif "/" in name:
-            task_spec(name)  # validates
+            try:
+                task_spec(name)  # validates
+            except KeyError:
+                raise ValueError(_unknown_task(name)) from None
             out.append(name)
         else:
             members = [t for t in TASK_SPECS if t.split("/")[0] == name]
             if not members:
-                raise ValueError(f"unknown task or category {name!r}")
+                raise ValueError(_unknown_task(name))
             out.extend(members)
     return tuple(dict.fromkeys(out))
+
+
+def _unknown_task(name: str) -> str:
+    categories = sorted({t.split("/")[0] for t in TASK_SPECS})
+    valid = ["benchmark", *categories, *sorted(TASK_SPECS)]
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"grid: unknown task or category {name!r}{hint}; valid: 'benchmark', categories "
+            f"{categories}, task ids {sorted(TASK_SPECS)}, or the puzzle variants "
+            "'puzzle/sudoku_n4_<givens>' / 'puzzle/latin_square_n<size>'")
 
 
 def _parse_sweep(raw: Mapping[str, Any], where: str) -> Sweep:
@@ -152,6 +167,13 @@ def _parse_sweep(raw: Mapping[str, Any], where: str) -> Sweep:
     params = raw.get("params") or {}
     if not isinstance(params, Mapping):
         raise ValueError(f"{where}: params must be a mapping of name -> value(s)")
+    from dllm_decode.config import SamplerConfig
+
+    sampler_keys = sorted(set(map(str, params)) & set(SamplerConfig.field_names()))
+    if sampler_keys:
+        raise ValueError(f"{where}: params {sampler_keys} are sampler settings, not policy "
+                         f"parameters; give them as sweep keys ({sorted(_SWEEP_KEYS)}) beside "
+                         "'params'")
     fields_ = {key: _as_tuple(raw[key]) for key in raw if key not in ("policy", "params")}
     return Sweep(
         policy=_as_tuple(raw["policy"]),
@@ -191,7 +213,13 @@ def load_grid(path: str | Path) -> Grid:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"grid file not found: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ValueError(f"{path}: invalid YAML{at}: {problem}") from None
     if not isinstance(raw, Mapping):
         raise ValueError(f"{path}: a grid must be a YAML mapping")
     return parse_grid(raw)
