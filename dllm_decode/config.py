@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
 from dllm_decode.policies.validate import check_fields
@@ -109,6 +110,8 @@ class SamplerConfig:
         check(self.seed is None or (len(seeds) > 0 and all(
             isinstance(s, int) and not isinstance(s, bool) for s in seeds)),
             f"seed must be an int, None, or a list of ints (one per row), got {self.seed!r}")
+        check(all(s is None or -(2**63) <= s < 2**64 for s in seeds),
+              f"seed must fit in 64 bits (torch.Generator), got {self.seed!r}")
         check(isinstance(self.gen_length, int) and self.gen_length >= 1,
               f"gen_length must be an int >= 1, got {self.gen_length!r}")
         check(self.block_length is None or self.block_length >= 1,
@@ -119,8 +122,10 @@ class SamplerConfig:
                   f"({self.block_length}); valid block lengths: "
                   f"{[d for d in range(1, self.gen_length + 1) if self.gen_length % d == 0]}")
         check(self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps!r}")
-        check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
-        check(self.cfg_scale >= 0, f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        check(0 <= self.temperature < math.inf,
+              f"temperature must be a finite number >= 0, got {self.temperature}")
+        check(0 <= self.cfg_scale < math.inf,
+              f"cfg_scale must be a finite number >= 0, got {self.cfg_scale}")
         check(self.refresh_every is None or self.refresh_every >= 1,
               f"refresh_every must be >= 1 or None, got {self.refresh_every!r}")
         for name in ("window_tokens", "active_tokens"):

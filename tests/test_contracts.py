@@ -168,6 +168,10 @@ def test_threshold_tau_validated_at_construction(tau) -> None:
     ("ete", {"lookahead": "far"}, "lookahead must be a number"),
     ("sched", {"tau_high": "7.5"}, "tau_high must be a number"),
     ("sched", {"q": math.nan}, "q must be a number, got NaN"),
+    ("ete", {"tau": 2.0}, r"tau must be a finite number in \(0, 1\]"),
+    ("klass", {"conf_threshold": 1.5}, "conf_threshold must be"),
+    ("s2d2", {"tau": math.nan}, "tau must be a number, got NaN"),
+    ("low_confidence_dynamic", {"tau": 1.5}, "tau must be"),
 ])
 def test_presets_validate_types_and_ranges(policy, params, match) -> None:
     with pytest.raises(ValueError, match=match):
@@ -190,14 +194,15 @@ def test_unknown_sampler_field_suggests_the_closest() -> None:
         sampler.generate(_prompt(1, 3), blok_length=2)
 
 
-@pytest.mark.parametrize("seed", ["abc", 1.5, True, [], [1, "2"]])
+@pytest.mark.parametrize("seed", ["abc", 1.5, True, [], [1, "2"], 2**70])
 def test_seed_must_be_an_int(seed) -> None:
-    with pytest.raises(ValueError, match="seed must be an int"):
+    with pytest.raises(ValueError, match="seed must (be an int|fit in 64 bits)"):
         SamplerConfig(seed=seed)
 
 
 @pytest.mark.parametrize("field,value", [("temperature", "hot"), ("gen_length", 8.5),
-                                         ("steps", math.nan), ("stop_at_eos", "yes")])
+                                         ("steps", math.nan), ("stop_at_eos", "yes"),
+                                         ("temperature", math.inf), ("cfg_scale", math.inf)])
 def test_sampler_fields_reject_wrong_types(field, value) -> None:
     with pytest.raises(ValueError, match=field):
         SamplerConfig(**{field: value})

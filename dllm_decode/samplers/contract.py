@@ -182,11 +182,12 @@ class StepGuard:
                 f"mode")
 
 
-def force_block_end(commit: Tensor, eligible: Tensor, block_start: int) -> Tensor:
-    """At a block's last step: ``commit`` plus every eligible position from ``block_start`` on
-    (within the step's reach). Sync-free; a no-op for policies that honour their budget."""
+def force_block_end(commit: Tensor, eligible: Tensor, block: tuple[int, int]) -> Tensor:
+    """At a block's last step: ``commit`` plus every eligible position of ``block``
+    (``[start, end)``; lookahead positions past it are left to their policy). Sync-free; a
+    no-op for policies that honour their budget or finish the block within the step cap."""
     pos = torch.arange(eligible.shape[1], device=eligible.device)
-    return commit | (eligible & (pos >= block_start)[None])
+    return commit | (eligible & ((pos >= block[0]) & (pos < block[1]))[None])
 
 
 def _rows(at: Tensor) -> list[int]:

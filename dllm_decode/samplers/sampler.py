@@ -230,7 +230,7 @@ class DiffusionSampler:
                 guard.observe(step, prop, live, eligible, budget, commit,
                               min(n_iter, be - bs), last=i == n_iter - 1)
                 if i == n_iter - 1 and lo == p:  # (prompt masks: LLaDA's carry-over, kept)
-                    commit = force_block_end(commit, eligible, bs)
+                    commit = force_block_end(commit, eligible, (bs, be))
                 if self.debug:
                     check_commit(state, commit,
                                  allow_empty=getattr(selector, "may_commit_nothing", False))
