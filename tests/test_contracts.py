@@ -169,7 +169,8 @@ def test_threshold_tau_validated_at_construction(tau) -> None:
     ("sched", {"tau_high": "7.5"}, "tau_high must be a number"),
     ("sched", {"q": math.nan}, "q must be a number, got NaN"),
     ("ete", {"tau": 2.0}, r"tau must be a finite number in \(0, 1\]"),
-    ("klass", {"conf_threshold": 1.5}, "conf_threshold must be"),
+    ("klass", {"conf_threshold": -0.5}, "conf_threshold must be"),
+    ("klass", {"kl_threshold": "low"}, "kl_threshold must be a number"),
     ("s2d2", {"tau": math.nan}, "tau must be a number, got NaN"),
     ("low_confidence_dynamic", {"tau": 1.5}, "tau must be"),
 ])

@@ -12,6 +12,10 @@ Two cases split a batch (``split_rows``):
   so sampled decoding (T > 0) gives every row the tokens it gets alone with that seed. With an
   int seed (the default) one generator is shared by the batch: sampled tokens then depend on a
   row's batch position and neighbours (greedy decoding does not).
+
+A split batch runs its sub-batches one after another (throughput of the smaller batches; at most
+``block_size`` of them for greedy block-diffusion decoding); an ``on_step`` callback then sees
+each sub-batch's states, with row indices local to that sub-batch.
 """
 
 from __future__ import annotations
