@@ -137,7 +137,7 @@ DECODES = dict(
     temperature=st.sampled_from([0.0, 0.0, 0.8]),
     seed=st.integers(0, 100),
 )
-FAST = settings(max_examples=45, deadline=None, derandomize=True, database=None,
+FAST = settings(max_examples=100, deadline=None, derandomize=True, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
 SLOW = settings(max_examples=600, deadline=None, database=None,
                 suppress_health_check=[HealthCheck.too_slow])
@@ -186,7 +186,7 @@ def _adversarial(kind: str, family: str, choice: int, cache_pick: int, lengths: 
         assert (out.answer == EOS).all()
 
 
-@settings(max_examples=30, deadline=None, derandomize=True, database=None,
+@settings(max_examples=60, deadline=None, derandomize=True, database=None,
           suppress_health_check=[HealthCheck.too_slow])
 @given(kind=st.sampled_from(ADVERSARIES), family=st.sampled_from(sorted(MODELS)),
        choice=st.integers(0, len(POLICIES) - 1), cache_pick=st.integers(0, 3),
