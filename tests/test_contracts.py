@@ -76,6 +76,21 @@ def test_non_finite_logits_raise_naming_step_and_rows(policy, cache, temperature
         sampler.generate(_prompt(3, 4))
 
 
+NINE = ["low_confidence", "random", "threshold", "factor", "eb", "entropy_threshold", "sched",
+        "klass", "ete"]
+
+
+@pytest.mark.parametrize("policy", NINE)
+@pytest.mark.parametrize("rows,named", [(None, r"\[0, 1, 2, 3\]"), ([0, 2], r"\[0, 2\]")])
+@pytest.mark.parametrize("value", [math.nan, -math.inf])
+def test_non_finite_logits_nine_policies_dual_cache_sampling(policy, rows, named, value) -> None:
+    model = Poisoned(MODELS["llada"], value, rows=rows)  # all rows, or half of them
+    sampler = DiffusionSampler(model, policy, cache="dual", gen_length=8, block_length=4,
+                               steps=8, temperature=0.7)
+    with pytest.raises(NonFiniteLogitsError, match=f"at step 0 in rows {named}"):
+        sampler.generate(_prompt(4, 3))
+
+
 def test_non_finite_logits_at_the_last_step_still_raise() -> None:
     model = Poisoned(MODELS["dream"], math.nan, after=7)
     with pytest.raises(NonFiniteLogitsError, match=r"step 7 in rows \[0, 1\]"):
