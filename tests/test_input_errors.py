@@ -86,6 +86,17 @@ def test_hidden_size_not_divisible_by_heads(tmp_path: Path) -> None:
         load_model(path)
 
 
+@pytest.mark.parametrize("change,match", [
+    ({"vocab_size": "abc"}, "invalid literal"), ({"num_attention_heads": 0}, "heads must be >= 1"),
+    ({"mask_token_id": -1}, "mask_token_id -1 is outside"), ({"model_type": None}, "unknown"),
+])
+def test_malformed_config_fields(tmp_path: Path, change: dict, match: str) -> None:
+    path = save_model(tiny_model("dream", seed=1), tmp_path / "d")
+    _edit_config(path, **change)
+    with pytest.raises(CheckpointError, match=rf"config\.json: .*{match}"):
+        load_model(path)
+
+
 @pytest.mark.parametrize("family,field", [("llada", "n_heads"), ("sdar", "num_attention_heads"),
                                           ("dream", "num_attention_heads")])
 def test_changed_head_count_is_caught(tmp_path: Path, family: str, field: str) -> None:

@@ -117,11 +117,15 @@ def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
         raise CheckpointError(f"{where}: model_type {mt!r} needs the field {err.args[0]!r}, "
                               f"which is missing; is model_type right for this checkpoint? "
                               f"(supported: {sorted(FAMILIES)})") from None
+    except ZeroDivisionError:
+        raise CheckpointError(f"{where}: the number of attention heads must be >= 1") from None
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{where}: {err}") from None
     heads, hidden = spec.num_heads, spec.hidden_size
     explicit_hd = "head_dim" in config and spec.family != "llada"
-    if heads < 1 or (not explicit_hd and hidden % heads):
+    if heads < 1:
+        raise CheckpointError(f"{where}: the number of attention heads must be >= 1, got {heads}")
+    if not explicit_hd and hidden % heads:
         raise CheckpointError(f"{where}: hidden size {hidden} is not divisible by the number of "
                               f"attention heads {heads}; fix the head count in the config")
     recorded = config.get("head_dim")
