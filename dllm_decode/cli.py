@@ -78,17 +78,15 @@ def _policy_params(pairs: list[str]) -> dict[str, Any]:
 
 
 def _reject_sampler_params(params: dict[str, Any]) -> None:
-    """``--param`` is for policy parameters; sampler settings have their own flags."""
-    from dllm_decode.config import SamplerConfig
-
-    clash = sorted(set(params) & set(SamplerConfig.field_names()))
+    """``--param`` keys that ``generate`` sets from its own flags are an error (with the flag);
+    other ``SamplerConfig`` fields (``refresh_every``, ``causal_prefix``, ...) pass through."""
+    flags = {"gen_length", "block_length", "steps", "temperature", "seed", "stop_at_eos",
+             "cache"}
+    clash = sorted(set(params) & flags)
     if clash:
-        flags = {"gen_length", "block_length", "steps", "temperature", "seed", "stop_at_eos",
-                 "cache"}
-        hints = [f"--{k.replace('_', '-')} {params[k]}" if k in flags else
-                 f"{k} (no generate flag; set it through the Python API)" for k in clash]
-        raise ValueError(f"--param {clash} are sampler settings, not policy parameters; use "
-                         + ", ".join(hints))
+        hints = ", ".join(f"--{k.replace('_', '-')} {params[k]}" for k in clash)
+        raise ValueError(f"--param {clash} are sampler settings with their own flags, not "
+                         f"policy parameters; use {hints}")
 
 
 def cmd_generate(args: argparse.Namespace) -> int:

@@ -140,8 +140,19 @@ def test_invalid_yaml_names_file_and_line(tmp_path: Path) -> None:
 
 def test_grid_params_that_are_sampler_fields() -> None:
     sweep = {"policy": "threshold", "params": {"tau": 0.9, "gen_length": 16}}
-    with pytest.raises(ValueError, match=r"\['gen_length'\] are sampler settings"):
+    with pytest.raises(ValueError, match=r"\['gen_length'\] are sweep keys"):
         parse_grid({**GRID, "sweeps": [sweep]})
+    sweep = {"policy": "threshold", "params": {"tau": 0.9, "refresh_every": 2}}
+    parse_grid({**GRID, "sweeps": [sweep]})  # other sampler fields pass on to the sampler
+
+
+def test_grid_unknown_policy_or_policy_param() -> None:
+    with pytest.raises(ValueError, match=r"unknown policy 'treshold' \(did you mean 'threshold'"):
+        parse_grid({**GRID, "sweeps": [{"policy": "treshold"}]})
+    with pytest.raises(ValueError, match=r"\['tauu'\] are neither parameters of policy"):
+        parse_grid({**GRID, "sweeps": [{"policy": "threshold", "params": {"tauu": [0.9]}}]})
+    parse_grid({**GRID, "sweeps": [{"policy": "sched", "params": {"base": "threshold",
+                                                                  "tau": [0.8, 0.9]}}]})
 
 
 def test_cli_param_that_is_a_sampler_field(capsys) -> None:
@@ -161,3 +172,9 @@ def test_tensor_cast_keeps_finite_check_on_stored_values(tmp_path: Path) -> None
     path = save_model(tiny_model("llada", seed=1), tmp_path / "l")
     model = load_model(path, dtype=torch.bfloat16)
     assert next(model.parameters()).dtype == torch.bfloat16
+
+
+@pytest.mark.parametrize("grid", sorted((Path(__file__).parents[1] / "benchmarks" / "grids")
+                                        .glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_grids_pass_the_stricter_checks(grid: Path) -> None:
+    load_grid(grid)

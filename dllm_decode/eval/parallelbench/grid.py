@@ -169,11 +169,24 @@ def _parse_sweep(raw: Mapping[str, Any], where: str) -> Sweep:
         raise ValueError(f"{where}: params must be a mapping of name -> value(s)")
     from dllm_decode.config import SamplerConfig
 
-    sampler_keys = sorted(set(map(str, params)) & set(SamplerConfig.field_names()))
-    if sampler_keys:
-        raise ValueError(f"{where}: params {sampler_keys} are sampler settings, not policy "
-                         f"parameters; give them as sweep keys ({sorted(_SWEEP_KEYS)}) beside "
-                         "'params'")
+    clash = sorted(set(map(str, params)) & _SWEEP_KEYS)
+    if clash:
+        raise ValueError(f"{where}: params {clash} are sweep keys (the runner sets them for "
+                         f"every config); give them beside 'params', not inside it")
+    from dllm_decode.policies.registry import PRESETS, accepted_params, load_optional_presets
+
+    load_optional_presets()
+    for name in _as_tuple(raw["policy"]):
+        if str(name) not in PRESETS:
+            close = difflib.get_close_matches(str(name), sorted(PRESETS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{where}: unknown policy {name!r}{hint}; valid: {sorted(PRESETS)}")
+        accepted = accepted_params(str(name), {k: _as_tuple(v)[0] for k, v in params.items()})
+        known = set(accepted or map(str, params)) | set(SamplerConfig.field_names())
+        unknown = sorted(set(map(str, params)) - known)
+        if unknown:
+            raise ValueError(f"{where}: params {unknown} are neither parameters of policy "
+                             f"{name!r} ({accepted}) nor SamplerConfig fields")
     fields_ = {key: _as_tuple(raw[key]) for key in raw if key not in ("policy", "params")}
     return Sweep(
         policy=_as_tuple(raw["policy"]),
