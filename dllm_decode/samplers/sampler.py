@@ -13,9 +13,12 @@ from dllm_decode.cache.plans import ForwardPlan, make_plan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.base import check_commit, init_memory_of
 from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
-from dllm_decode.policies.registry import Policy, make_policy
+from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import schedule as sch
+from dllm_decode.samplers.batching import decode_groups, split_rows
+from dllm_decode.samplers.contract import StepGuard, force_block_end
 from dllm_decode.samplers.inputs import check_inputs
+from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker, widen
 from dllm_decode.types import Generation, Selection, StepState
 
@@ -58,20 +61,27 @@ class DiffusionSampler:
 
     Args:
         model: any ``DiffusionLM``.
-        policy: a preset name (``make_policy``), a ``Policy`` or a selector object.
+        policy: a preset name (``make_policy``), an import path ``module:Class``, a ``Policy``
+            or a selector object (composition by names: ``samplers.build.build_sampler``).
         cache: ``"none" | "prefix" | "dual" | "block_causal" | "window"`` (``None``: the
             policy's ``preferred_cache``, else ``"none"``).
-        debug: check the commit contract every step (``check_commit``).
-        **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``).
+        debug: also assert the full commit contract every step (``check_commit``; the cheap
+            part, ``samplers.contract``, is enforced on every run).
+        **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``; only
+            with a preset name or an import path), split and checked by
+            ``samplers.params.build_policy``. Unknown names raise ``ValueError`` with the
+            closest valid one.
+
+    Batch invariance: a row's greedy tokens and NFE do not depend on its batch neighbours
+    (block-causal models split ragged batches by block phase, see ``samplers.batching``); with
+    ``temperature > 0`` one generator is shared by the batch unless ``seed`` is a list with one
+    int per row, which decodes every row as it decodes alone with its seed.
     """
 
     def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
                  cache: str | None = None, *, debug: bool = False, **params: Any) -> None:
-        names = set(SamplerConfig.field_names())
-        cfg_params = {k: v for k, v in params.items() if k in names}
-        policy_params = {k: v for k, v in params.items() if k not in names}
+        cfg_params, self.policy = build_policy(policy, params)  # the one split (with build_sampler)
         self.model = model
-        self.policy = make_policy(policy, **policy_params)
         # the one place the policy's declared capabilities are read and validated
         self.capabilities = policy_capabilities(self.policy.selector, self.policy.stopper,
                                                 self.policy.truncator)
@@ -102,7 +112,7 @@ class DiffusionSampler:
 
         Returns: ``Generation`` (tokens ``[B, P + G]``, per-row NFE, commit steps, bits).
         """
-        cfg = replace(self.config, **overrides) if overrides else self.config
+        cfg = replace_config(self.config, overrides) if overrides else self.config
         model, policy, caps = self.model, self.policy, self.capabilities
         # components may check themselves against the model/config (``bind(model, cfg)``:
         # Learn2PD's filter fingerprint and block length, EoTP's EOS ids) and resolve what
@@ -114,6 +124,10 @@ class DiffusionSampler:
             caps = policy_capabilities(*bound)
         sel_caps = caps.selector
         prompt, valid_prompt = check_inputs(model, prompt_ids, attention_mask, cfg)
+        groups = split_rows(model, valid_prompt, cfg.seed)
+        if groups is not None:  # batch invariance: sub-batches decoded alone, then merged
+            return decode_groups(self.generate, prompt, valid_prompt, groups, on_step=on_step,
+                                 **{k: v for k, v in overrides.items() if k != "seed"})
         b, p = prompt.shape
         g = cfg.gen_length
         length = p + g
@@ -124,7 +138,7 @@ class DiffusionSampler:
         canvas = torch.cat([prompt, torch.full((b, g), mask_id, device=device)], dim=1)
         valid = torch.cat([valid_prompt, torch.ones(b, g, dtype=torch.bool, device=device)], 1)
         positions = model.rope_positions(valid)
-        gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)
+        gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)  # one per batch
         family = getattr(model, "family", "")
         schedule = cfg.schedule or sel_caps.preferred_schedule or (
             "dream" if family == "dream" else "llada")
@@ -143,6 +157,7 @@ class DiffusionSampler:
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
+        guard = StepGuard(b, device, policy.name, exempt_stall=sel_caps.may_commit_nothing)
 
         memory = init_memory_of(selector, b, length, device)
         pos_idx = torch.arange(length, device=device)
@@ -165,6 +180,7 @@ class DiffusionSampler:
             steps_per_block = block_steps[blk] if block_steps else None
             n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
+            guard.start_block()
             for i in range(n_iter):
                 masked = canvas == mask_id
                 model_canvas = canvas
@@ -173,9 +189,10 @@ class DiffusionSampler:
                 need = plan.prepare(model_canvas, i, lo,
                                     final=bool(steps_per_block) and i == n_iter - 1)
                 # the one host sync per step: is anything still masked in this block? (plus
-                # the integers the plan needs to shape its forward)
-                n_left, n_masked, *host = torch.cat(
-                    [torch.stack([masked[:, bs:be].sum(), masked.sum()]), need]).tolist()
+                # the integers the plan needs to shape its forward, and the contract's flag)
+                n_left, n_masked, n_bad, *host = torch.cat([torch.stack(
+                    [masked[:, bs:be].sum(), masked.sum(), guard.flag()]), need]).tolist()
+                guard.raise_if(n_bad)
                 if n_left == 0 and not (cfg.exact_steps and steps_per_block):
                     break
                 reach = min(be + lookahead, length)
@@ -216,6 +233,13 @@ class DiffusionSampler:
                 sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
                 commit = sel.commit
                 forwards += step_model.calls
+                # the contract (samplers.contract): recorded here, raised at the next sync; the
+                # block's last step commits whatever an under-committing policy left
+                guard.check_shape(commit, eligible)
+                guard.observe(step, prop, live, eligible, budget, commit,
+                              min(n_iter, be - bs), last=i == n_iter - 1)
+                if i == n_iter - 1 and lo == p:  # (prompt masks: LLaDA's carry-over, kept)
+                    commit = force_block_end(commit, eligible, (bs, be))
                 if self.debug:
                     check_commit(state, commit, allow_empty=sel_caps.may_commit_nothing)
                 tokens, prob = full_prop.tokens, full_prop.prob
@@ -248,6 +272,7 @@ class DiffusionSampler:
                 if on_step is not None:
                     on_step(state, commit)
                 step += 1
+        guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
         bits_t = torch.stack(bits, 1) if bits else torch.zeros(b, 0, dtype=torch.float64)
         refreshed_t = (torch.stack(refreshed, 1) if refreshed
                        else torch.zeros(b, 0, dtype=torch.bool, device=device))
