@@ -304,6 +304,7 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     check_logits(logits)
     backend = _backend()
+    argmax = None
     if temperature == 0:
         token, _, out = backend.vocab_pass(logits, stats=True)
         tokens, prob = token, out[1]
@@ -314,12 +315,15 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
         elif noise.shape != logits.shape:
             raise ValueError(f"noise must have the logits shape {tuple(logits.shape)}, got "
                              f"{tuple(noise.shape)}")
-        _, tokens, out = backend.vocab_pass(logits, stats=True, temperature=temperature,
-                                            seed=seed, noise=noise)
+        # the same pass keeps the un-noised argmax: ``Proposal.greedy`` must be the argmax
+        # (stoppers and history policies commit it) even when ``tokens`` are sampled
+        argmax, tokens, out = backend.vocab_pass(logits, stats=True, temperature=temperature,
+                                                 seed=seed, noise=noise)
         prob = out[5]
     shape = logits.shape[:-1]
     return Proposal(tokens=tokens.view(shape), prob=prob.view(shape), margin=out[2].view(shape),
-                    logit_margin=out[3].view(shape), neg_entropy=out[4].view(shape))
+                    logit_margin=out[3].view(shape), neg_entropy=out[4].view(shape),
+                    argmax=None if argmax is None else argmax.view(shape))
 
 
 __all__ = ["AttentionOutput", "GumbelSample", "block_attention", "confidence_stats",
