@@ -1,9 +1,10 @@
 """Load and save models: ``config.json`` + ``model.safetensors`` (or a sharded index).
 
-``load_model(path_or_name)`` reads the real release formats by ``model_type`` ("llada",
+``load_model(name_or_path)`` reads the real release formats by ``model_type`` ("llada",
 "Dream", "sdar") and checks every tensor name and shape against the architecture, naming the
 offending tensor in the error. Bundled checkpoints under ``models/assets/<name>`` resolve by
-name (``load_model("tiny-llada")``).
+name (``load_model("tiny-llada")``), Hub ids through the Hub cache (``models.hub``); dtype,
+device and device maps are chosen in ``models.placement``.
 """
 
 from __future__ import annotations
@@ -11,17 +12,32 @@ from __future__ import annotations
 import contextlib
 import json
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from dllm_decode.models.base import DecoderLM, ModelSpec, to_checkpoint_name
 from dllm_decode.models.block import BlockDiffusionModel, sdar_config, sdar_spec
 from dllm_decode.models.dream import DreamModel, dream_config, dream_spec
+from dllm_decode.models.hub import (
+    MODEL_PATTERNS,
+    check_model_snapshot,
+    looks_like_hub_id,
+    snapshot,
+)
 from dllm_decode.models.llada import LLaDAModel, llada_config, llada_spec
+from dllm_decode.models.placement import (
+    check_dtype_runs,
+    device_for,
+    dispatch,
+    infer_device_map,
+    resolve_device,
+    resolve_dtype,
+)
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -44,16 +60,26 @@ def bundled_models() -> list[str]:
     return sorted(p.name for p in ASSETS.iterdir() if (p / "config.json").is_file())
 
 
-def resolve_path(path_or_name: str | Path) -> Path:
-    """A directory path, or the name of a bundled checkpoint."""
-    p = Path(path_or_name)
+def resolve_path(name_or_path: str | Path, *, revision: str | None = None,
+                 local_files_only: bool | None = None, token: str | bool | None = None,
+                 patterns: tuple[str, ...] = MODEL_PATTERNS, purpose: str = "model") -> Path:
+    """A directory path, the name of a bundled checkpoint, or a Hub id (``"org/name"``).
+
+    A Hub id resolves to its snapshot in the Hub cache, fetching only ``patterns`` when
+    downloads are allowed (see ``models.hub``); errors are ``HubError``.
+    """
+    p = Path(name_or_path)
     if p.is_dir():
         return p
-    if (ASSETS / str(path_or_name)).is_dir():
-        return ASSETS / str(path_or_name)
+    if (ASSETS / str(name_or_path)).is_dir():
+        return ASSETS / str(name_or_path)
+    if looks_like_hub_id(name_or_path):
+        return snapshot(str(name_or_path), revision=revision, patterns=patterns,
+                        local_files_only=local_files_only, token=token, purpose=purpose)
     raise FileNotFoundError(
-        f"no model directory {str(path_or_name)!r}; pass a directory with config.json and "
-        f"model.safetensors, or a bundled name: {bundled_models() or 'none bundled'}"
+        f"no model directory {str(name_or_path)!r}; pass a directory with config.json and "
+        f"model.safetensors, a Hub id 'org/name', or a bundled name: "
+        f"{bundled_models() or 'none bundled'}"
     )
 
 
@@ -96,60 +122,123 @@ def family_of(config: dict[str, Any]) -> tuple[type[DecoderLM], Callable, Callab
     return FAMILIES[mt]
 
 
-def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
+def weight_files(directory: Path) -> list[Path]:
+    """The safetensors files of a checkpoint, checked against the index when sharded."""
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(str(single))
-    if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            shard_path = directory / shard
-            if not shard_path.is_file():
-                raise FileNotFoundError(f"shard {shard} listed in {index.name} is missing")
-            part = load_file(str(shard_path))
-            for name in part:
-                if weight_map.get(name) != shard:
-                    raise CheckpointError(f"tensor {name!r} in {shard} is not listed there "
+        return [single]
+    if not index.is_file():
+        raise FileNotFoundError(f"{directory} has neither model.safetensors nor "
+                                f"model.safetensors.index.json")
+    weight_map = json.loads(index.read_text()).get("weight_map", {})
+    files = []
+    for shard in sorted(set(weight_map.values())):
+        if not (directory / shard).is_file():
+            raise FileNotFoundError(f"shard {shard} listed in {index.name} is missing from "
+                                    f"{directory}")
+        files.append(directory / shard)
+    return files
+
+
+def iter_tensors(directory: Path, device: torch.device) -> Iterator[tuple[str, torch.Tensor]]:
+    """``(checkpoint name, tensor)`` one at a time, one shard open at a time.
+
+    Tensors are read lazily from the memory-mapped file (``safe_open``), straight onto
+    ``device`` for CUDA, in the stored dtype; a shard is unmapped before the next one opens,
+    so host memory beyond the model stays near one shard.
+    """
+    files = weight_files(directory)
+    index = directory / "model.safetensors.index.json"
+    weight_map = json.loads(index.read_text()).get("weight_map", {}) if len(files) > 1 or \
+        files[0].name != "model.safetensors" else None
+    read_on = str(device) if device.type == "cuda" else "cpu"
+    seen: set[str] = set()
+    for file in files:
+        with safe_open(str(file), framework="pt", device=read_on) as f:
+            for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                if weight_map is not None and weight_map.get(name) != file.name:
+                    raise CheckpointError(f"tensor {name!r} in {file.name} is not listed there "
                                           f"by {index.name}")
-            tensors.update(part)
-        missing = set(weight_map) - set(tensors)
-        if missing:
-            raise CheckpointError(f"tensors listed in {index.name} but absent: "
-                                  f"{sorted(missing)[:5]}")
-        return tensors
-    raise FileNotFoundError(f"{directory} has neither model.safetensors nor "
-                            f"model.safetensors.index.json")
+                seen.add(name)
+                yield name, f.get_tensor(name)
+    if weight_map is not None and set(weight_map) - seen:
+        raise CheckpointError(f"tensors listed in {index.name} but absent: "
+                              f"{sorted(set(weight_map) - seen)[:5]}")
 
 
-def load_model(path_or_name: str | Path, *, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> DecoderLM:
-    """Load a checkpoint directory (or bundled name) into its family's model, in eval mode."""
-    directory = resolve_path(path_or_name)
+def _place(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Cast/move one tensor; the result owns its memory (never a view of the mapped file)."""
+    out = t.to(device=device, dtype=dtype)
+    return out.clone() if out.data_ptr() == t.data_ptr() and device.type == "cpu" else out
+
+
+def load_model(name_or_path: str | Path, *, revision: str | None = None,
+               dtype: str | torch.dtype = "auto", device: str | torch.device | None = None,
+               device_map: str | dict[str, Any] | None = None,
+               local_files_only: bool | None = None,
+               token: str | bool | None = None) -> DecoderLM:
+    """Load a checkpoint into its family's model, in eval mode.
+
+    Args:
+        name_or_path: a directory (``config.json`` + safetensors, sharded or not), a bundled
+            name (``"tiny-llada"``) or a Hub id (``"GSAI-ML/LLaDA-8B-Instruct"``; only config,
+            generation config, safetensors and tokenizer files are fetched).
+        revision: Hub branch, tag or commit (Hub ids only; default ``main``).
+        dtype: ``"auto"`` = the config's ``torch_dtype`` (float32 when absent; bf16 on CPU
+            works but is slow: pass ``torch.float32`` there), or a dtype / ``"bf16"`` etc.
+        device: where the weights go (``None``: CPU). Each tensor is read from its shard
+            straight to this device and dtype; nothing is materialised twice on the host.
+        device_map: instead of ``device``: ``{module prefix: device}`` or ``"auto"`` etc.,
+            resolved and dispatched by accelerate (see ``models.placement``).
+        local_files_only: Hub ids: never use the network (``None``: when ``HF_HUB_OFFLINE``).
+        token: Hub token for gated / private repositories (``None``: ``HF_TOKEN`` / login).
+
+    Raises: ``FileNotFoundError`` (``HubError`` for Hub ids) for missing files,
+    ``CheckpointError`` when tensors do not match the architecture, ``ValueError`` for a
+    dtype or device that cannot be used here.
+    """
+    hub = not Path(name_or_path).is_dir() and not (ASSETS / str(name_or_path)).is_dir() and \
+        looks_like_hub_id(name_or_path)
+    directory = resolve_path(name_or_path, revision=revision, local_files_only=local_files_only,
+                             token=token)
+    if hub:
+        check_model_snapshot(directory, str(name_or_path))
     config = read_config(directory)
     cls, parse, _ = family_of(config)
     spec = parse(config)
+    target = resolve_dtype(dtype, config)
+    if device_map is not None and device is not None:
+        raise ValueError("pass either device or device_map, not both")
     with torch.device("meta"):
         model = cls(spec)
+    placement = infer_device_map(model, device_map, target) if device_map is not None else None
+    dev = resolve_device(device)
+    for d in set(placement.values()) if placement else {dev}:
+        check_dtype_runs(target, d)
     expected = {to_checkpoint_name(cls.names, k): (k, tuple(v.shape))
                 for k, v in model.state_dict().items()}
-    tensors = _read_tensors(directory)
-    unexpected = sorted(set(tensors) - set(expected))
-    if unexpected:
-        raise CheckpointError(f"unexpected tensor(s) for {spec.family}: {unexpected[:5]}")
-    missing = sorted(set(expected) - set(tensors))
-    if missing:
-        raise CheckpointError(f"missing tensor(s) for {spec.family}: {missing[:5]}")
-    state = {}
-    for name, (internal, shape) in expected.items():
-        t = tensors[name]
+    state: dict[str, torch.Tensor] = {}
+    unexpected = []
+    for name, t in iter_tensors(directory, dev):
+        if name not in expected:
+            unexpected.append(name)
+            continue
+        internal, shape = expected[name]
         if tuple(t.shape) != shape:
             raise CheckpointError(f"tensor {name!r} has shape {tuple(t.shape)}, the config "
                                   f"implies {shape}")
-        state[internal] = t.to(dtype)
+        where = device_for(internal, placement) if placement else dev
+        state[internal] = _place(t, target, where)
+        del t
+    if unexpected:
+        raise CheckpointError(f"unexpected tensor(s) for {spec.family}: {sorted(unexpected)[:5]}")
+    missing = sorted(name for name, (internal, _) in expected.items() if internal not in state)
+    if missing:
+        raise CheckpointError(f"missing tensor(s) for {spec.family}: {missing[:5]}")
     model.load_state_dict(state, assign=True)
-    return model.to(device=device).eval()
+    model.eval()
+    return dispatch(model, placement) if placement else model
 
 
 def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int | None = None,

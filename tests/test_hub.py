@@ -1,0 +1,203 @@
+"""Hub ids resolve offline through a Hub cache laid out on disk; dtype/device/device_map."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+
+from dllm_decode import load_model, load_tokenizer
+from dllm_decode.models import build_model, placement, save_model
+from dllm_decode.models import loading as loading_mod
+from dllm_decode.models.hub import HubError, looks_like_hub_id
+from dllm_decode.tokenizer import BUNDLED_TOKENIZER
+from tests.helpers import tiny_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+REPO = "test-org/tiny-llada-bf16"
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def lay_out_cache(cache: Path, repo_id: str, source: Path, commit: str = COMMIT,
+                  ref: str = "main") -> Path:
+    """``models--org--name/{blobs,snapshots/<commit>,refs/<ref>}`` as huggingface_hub writes
+    it: snapshot files are symlinks to content-addressed blobs."""
+    root = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = root / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    (root / "blobs").mkdir(exist_ok=True)
+    for i, f in enumerate(sorted(source.iterdir())):
+        blob = root / "blobs" / f"{commit[:8]}{i:04d}{f.name.encode().hex()[:16]}"
+        shutil.copy(f, blob)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    (root / "refs").mkdir(exist_ok=True)
+    (root / "refs" / ref).write_text(commit)
+    return snap
+
+
+@pytest.fixture
+def checkpoint(tmp_path: Path) -> Path:
+    model = build_model(tiny_config("llada"), seed=5)
+    out = save_model(model, tmp_path / "ckpt", max_shard_bytes=40_000,
+                     config_extra={"torch_dtype": "bfloat16"})
+    for f in BUNDLED_TOKENIZER.iterdir():
+        shutil.copy(f, out / f.name)
+    (out / "generation_config.json").write_text(json.dumps({"eos_token_id": [1, 4]}))
+    return out
+
+
+@pytest.fixture
+def offline_cache(tmp_path: Path, checkpoint: Path, monkeypatch) -> Path:
+    cache = tmp_path / "hub"
+    lay_out_cache(cache, REPO, checkpoint)
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a test tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    return cache
+
+
+def logits_of(model, n: int = 10) -> torch.Tensor:
+    tokens = torch.arange(3, 3 + n)[None] % 60
+    with torch.no_grad():
+        return model(tokens, torch.arange(n)[None]).float()
+
+
+def test_hub_id_loads_offline_like_the_local_directory(checkpoint, offline_cache) -> None:
+    local = load_model(checkpoint)
+    hub = load_model(REPO)
+    assert local.head.weight.dtype == hub.head.weight.dtype == torch.bfloat16  # config dtype
+    assert torch.equal(logits_of(local), logits_of(hub))
+    fp32 = load_model(REPO, dtype=torch.float32)
+    assert fp32.head.weight.dtype == torch.float32
+    assert torch.equal(logits_of(fp32), logits_of(load_model(checkpoint, dtype="fp32")))
+    tok = load_tokenizer(REPO)
+    assert tok.decode(tok.encode("Maya Doyle")) == "Maya Doyle"
+
+
+def test_revision_picks_its_snapshot(checkpoint, offline_cache, tmp_path) -> None:
+    other = save_model(build_model(tiny_config("llada"), seed=9), tmp_path / "other")
+    lay_out_cache(offline_cache, REPO, other, commit="f" * 40, ref="v2")
+    assert not torch.equal(logits_of(load_model(REPO, dtype="float32")),
+                           logits_of(load_model(REPO, revision="v2")))
+    assert torch.equal(logits_of(load_model(REPO, revision="f" * 40)),
+                       logits_of(load_model(other)))
+
+
+def test_offline_miss_names_the_id_and_the_fix(offline_cache) -> None:
+    with pytest.raises(HubError, match=r"(?s)'test-org/absent'.*HF_HUB_OFFLINE.*local directory"):
+        load_model("test-org/absent")
+    with pytest.raises(HubError, match="'test-org/absent'"):
+        load_tokenizer("test-org/absent")
+
+
+def test_missing_shard_in_snapshot_is_named(offline_cache) -> None:
+    snap = offline_cache / ("models--" + REPO.replace("/", "--")) / "snapshots" / COMMIT
+    shard = sorted(snap.glob("model-*.safetensors"))[1]
+    shard.unlink()
+    with pytest.raises(HubError, match=rf"(?s){REPO}.*{shard.name}.*hf download"):
+        load_model(REPO)
+    (snap / "config.json").unlink()
+    with pytest.raises(HubError, match="config.json"):
+        load_model(REPO)
+
+
+def _bare(cls: type[Exception]) -> Exception:
+    err = cls.__new__(cls)
+    Exception.__init__(err, "server said no")
+    return err
+
+
+@pytest.mark.parametrize(("error", "expect"), [
+    ("GatedRepoError", r"(?s)gated.*token.*HF_TOKEN"),
+    ("RepositoryNotFoundError", r"(?s)no Hub repository 'org/model'.*token"),
+    ("RevisionNotFoundError", "revision"),
+])
+def test_hub_errors_are_explained(monkeypatch, error, expect) -> None:
+    import huggingface_hub
+    from huggingface_hub import errors
+
+    def fake(*args, **kwargs):
+        raise _bare(getattr(errors, error))
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    with pytest.raises(HubError, match=expect):
+        load_model("org/model", local_files_only=False)
+
+
+def test_hub_id_detection(tmp_path) -> None:
+    assert looks_like_hub_id("GSAI-ML/LLaDA-8B-Instruct")
+    assert looks_like_hub_id("Dream-org/Dream-v0-Instruct-7B")
+    assert not looks_like_hub_id("tiny-llada")
+    assert not looks_like_hub_id("a/b/c")
+    assert not looks_like_hub_id(tmp_path)
+    assert not looks_like_hub_id("./org/name")
+
+
+def test_auto_dtype_and_bad_dtypes(checkpoint, monkeypatch) -> None:
+    assert load_model("tiny-llada").head.weight.dtype == torch.float32  # no torch_dtype
+    assert load_model(checkpoint, dtype="auto").head.weight.dtype == torch.bfloat16
+    with pytest.raises(ValueError, match=r"(?s)'int8'.*bfloat16"):
+        load_model(checkpoint, dtype="int8")
+    with pytest.raises(ValueError, match="float64"):
+        load_model(checkpoint, dtype=torch.float64)
+
+    def cannot(dtype, device):
+        raise RuntimeError(f'"addmm_impl_cpu_" not implemented for {dtype}')
+
+    monkeypatch.setattr(placement, "probe_matmul", cannot)
+    with pytest.raises(ValueError, match=r"(?s)bfloat16 cannot run a matmul on cpu.*--dtype"):
+        load_model(checkpoint)
+
+
+def test_bad_devices(checkpoint) -> None:
+    with pytest.raises(ValueError, match="not a torch device"):
+        load_model(checkpoint, device="gpu7")
+    if not torch.cuda.is_available():
+        with pytest.raises(ValueError, match="no CUDA"):
+            load_model(checkpoint, device="cuda")
+
+
+def test_shards_are_read_one_at_a_time(checkpoint, monkeypatch) -> None:
+    real = loading_mod.safe_open
+    state = {"open": 0, "max": 0, "files": 0}
+
+    class Counting:
+        def __init__(self, *args, **kwargs):
+            self.inner = real(*args, **kwargs)
+
+        def __enter__(self):
+            state["open"] += 1
+            state["files"] += 1
+            state["max"] = max(state["max"], state["open"])
+            return self.inner.__enter__()
+
+        def __exit__(self, *exc):
+            state["open"] -= 1
+            return self.inner.__exit__(*exc)
+
+    monkeypatch.setattr(loading_mod, "safe_open", Counting)
+    load_model(checkpoint, dtype="float32")
+    assert state["files"] > 2 and state["max"] == 1
+
+
+def test_device_map_cpu_only(checkpoint) -> None:
+    pytest.importorskip("accelerate")
+    want = logits_of(load_model(checkpoint, dtype="float32"))
+    explicit = {"embed": "cpu", "layers.0": "cpu", "layers": "cpu", "norm": "cpu", "head": "cpu"}
+    for device_map in ("auto", "sequential", explicit):
+        got = load_model(checkpoint, dtype="float32", device_map=device_map)
+        assert torch.equal(logits_of(got), want), device_map
+    with pytest.raises(ValueError, match="head"):
+        load_model(checkpoint, device_map={"embed": "cpu", "layers": "cpu", "norm": "cpu"})
+    with pytest.raises(ValueError, match="balanced"):
+        load_model(checkpoint, device_map="everywhere")
