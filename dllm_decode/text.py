@@ -180,7 +180,7 @@ def decode_answers(tokenizer: Any, answer: Tensor, stop_ids: Sequence[int],
 
 
 def generate_text(sampler: Any, tokenizer: Any, prompts: Prompts, *, chat: bool | None = None,
-                  **overrides: Any) -> TextGeneration:
+                  on_step: Any = None, **overrides: Any) -> TextGeneration:
     """Decode answers to ``prompts`` as text.
 
     Args:
@@ -189,6 +189,7 @@ def generate_text(sampler: Any, tokenizer: Any, prompts: Prompts, *, chat: bool 
         prompts: a string, a list of strings (a batch), one conversation (list of
             ``{"role", "content"}`` dicts) or a list of conversations.
         chat: apply the chat template (``None``: when the tokenizer has one).
+        on_step: optional ``(state, commit)`` callback, as for ``DiffusionSampler.generate``.
         **overrides: ``SamplerConfig`` fields for this call (``gen_length``, ``steps``, ...).
 
     Returns: ``TextGeneration`` (texts, stopped flags, the ``Generation``, the padded prompt).
@@ -206,7 +207,7 @@ def generate_text(sampler: Any, tokenizer: Any, prompts: Prompts, *, chat: bool 
     device = next(iter(model.parameters())).device if hasattr(model, "parameters") else "cpu"
     ids, mask = ids.to(device), mask.to(device)
     padded = bool((mask == 0).any())
-    out = sampler.generate(ids, mask if padded else None, **overrides)
+    out = sampler.generate(ids, mask if padded else None, on_step=on_step, **overrides)
     stops = stop_token_ids(tokenizer, model)
     texts, stopped = decode_answers(tokenizer, out.answer, stops,
                                     getattr(model, "mask_token_id", None))

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import socket
 from pathlib import Path
@@ -16,29 +15,12 @@ from dllm_decode.models import build_model, placement, save_model
 from dllm_decode.models import loading as loading_mod
 from dllm_decode.models.hub import HubError, looks_like_hub_id
 from dllm_decode.tokenizer import BUNDLED_TOKENIZER
-from tests.helpers import tiny_config
+from tests.helpers import lay_out_cache, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 REPO = "test-org/tiny-llada-bf16"
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
-
-
-def lay_out_cache(cache: Path, repo_id: str, source: Path, commit: str = COMMIT,
-                  ref: str = "main") -> Path:
-    """``models--org--name/{blobs,snapshots/<commit>,refs/<ref>}`` as huggingface_hub writes
-    it: snapshot files are symlinks to content-addressed blobs."""
-    root = cache / ("models--" + repo_id.replace("/", "--"))
-    snap = root / "snapshots" / commit
-    snap.mkdir(parents=True, exist_ok=True)
-    (root / "blobs").mkdir(exist_ok=True)
-    for i, f in enumerate(sorted(source.iterdir())):
-        blob = root / "blobs" / f"{commit[:8]}{i:04d}{f.name.encode().hex()[:16]}"
-        shutil.copy(f, blob)
-        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
-    (root / "refs").mkdir(exist_ok=True)
-    (root / "refs" / ref).write_text(commit)
-    return snap
 
 
 @pytest.fixture
@@ -55,7 +37,7 @@ def checkpoint(tmp_path: Path) -> Path:
 @pytest.fixture
 def offline_cache(tmp_path: Path, checkpoint: Path, monkeypatch) -> Path:
     cache = tmp_path / "hub"
-    lay_out_cache(cache, REPO, checkpoint)
+    lay_out_cache(cache, REPO, checkpoint, commit=COMMIT)
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
