@@ -347,7 +347,8 @@ class DecoderLM(nn.Module):
             mask = block_causal_mask(positions, positions, self.spec.block_size)
         h = self.embed(tokens)
         cos, sin = rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta)
-        impl = kernels.resolve_impl(self.attn_impl, h.device) if cache is not None \
+        impl = kernels.resolve_impl(self.attn_impl, h.device, dtype=h.dtype,
+                                    ops=("kv_write_", "block_attention")) if cache is not None \
             else Impl.REFERENCE
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, mask, i, cache, slots, store, impl)
