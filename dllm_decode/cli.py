@@ -1,4 +1,4 @@
-"""``dllm-decode``: generate | eval | bench | train."""
+"""``dllm-decode``: generate | eval | bench | train | doctor."""
 
 from __future__ import annotations
 
@@ -163,6 +163,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_train_subcommands = None
     if add_train_subcommands is not None:
         add_train_subcommands(sub)
+    from dllm_decode.doctor import add_doctor_subcommand
+
+    add_doctor_subcommand(sub)
     try:
         from dllm_decode.bench import add_bench_subcommand
     except ImportError:
