@@ -204,7 +204,8 @@ def generate_text(sampler: Any, tokenizer: Any, prompts: Prompts, *, chat: bool 
     """
     model = sampler.model
     ids, mask = encode_prompts(tokenizer, prompts, chat=chat)
-    device = next(iter(model.parameters())).device if hasattr(model, "parameters") else "cpu"
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    device = first.device if first is not None else torch.device("cpu")
     ids, mask = ids.to(device), mask.to(device)
     padded = bool((mask == 0).any())
     out = sampler.generate(ids, mask if padded else None, on_step=on_step, **overrides)

@@ -101,7 +101,7 @@ def _bare(cls: type[Exception]) -> Exception:
 
 @pytest.mark.parametrize(("error", "expect"), [
     ("GatedRepoError", r"(?s)gated.*token.*HF_TOKEN"),
-    ("RepositoryNotFoundError", r"(?s)no Hub repository 'org/model'.*token"),
+    ("RepositoryNotFoundError", r"(?s).org/model. is not a local directory.*token"),
     ("RevisionNotFoundError", "revision"),
 ])
 def test_hub_errors_are_explained(monkeypatch, error, expect) -> None:

@@ -87,16 +87,25 @@ def snapshot(repo_id: str, *, revision: str | None = None, patterns: tuple[str, 
     Raises: ``HubError`` (unknown id, gated repo, bad revision, offline cache miss, network).
     """
     try:
-        from huggingface_hub import snapshot_download
+        import huggingface_hub
+    except ImportError as err:  # pragma: no cover - huggingface_hub comes with transformers
+        raise HubError(f"loading the Hub id {repo_id!r} needs huggingface_hub "
+                       f"(pip install huggingface_hub)") from err
+    try:
         from huggingface_hub.errors import (
             GatedRepoError,
             LocalEntryNotFoundError,
             RepositoryNotFoundError,
             RevisionNotFoundError,
         )
-    except ImportError as err:  # pragma: no cover - huggingface_hub comes with transformers
-        raise HubError(f"loading the Hub id {repo_id!r} needs huggingface_hub "
-                       f"(pip install huggingface_hub)") from err
+    except ImportError:  # huggingface_hub < 0.24 keeps them in utils
+        from huggingface_hub.utils import (  # type: ignore[no-redef]
+            GatedRepoError,
+            LocalEntryNotFoundError,
+            RepositoryNotFoundError,
+            RevisionNotFoundError,
+        )
+    snapshot_download = huggingface_hub.snapshot_download
     local_only = offline() if local_files_only is None else bool(local_files_only)
     cache = cache_dir()
     rev = revision or "main"
@@ -110,7 +119,8 @@ def snapshot(repo_id: str, *, revision: str | None = None, patterns: tuple[str, 
                        f"https://huggingface.co/{repo_id} and pass token=... (or set HF_TOKEN / "
                        f"run `hf auth login`); or pass a local directory") from err
     except RepositoryNotFoundError as err:
-        raise HubError(f"no Hub repository {repo_id!r}: check the spelling (it is 'org/name'); "
+        raise HubError(f"{repo_id!r} is not a local directory and no Hub repository has that "
+                       f"id: check the spelling (it is 'org/name'); "
                        f"if it is private, pass token=... or set HF_TOKEN; or pass a local "
                        f"directory") from err
     except RevisionNotFoundError as err:
@@ -119,7 +129,8 @@ def snapshot(repo_id: str, *, revision: str | None = None, patterns: tuple[str, 
     except LocalEntryNotFoundError as err:
         mode = ("downloads are off (HF_HUB_OFFLINE=1 or local_files_only=True)" if local_only
                 else "the Hub could not be reached")
-        raise HubError(f"{purpose} {where} is not in the Hub cache {cache} (or its snapshot is "
+        raise HubError(f"{purpose} {where} is not a local directory, not in the Hub cache "
+                       f"{cache} (or its snapshot there is "
                        f"incomplete) and {mode}: {_what_to_do(repo_id)}") from err
     except (OSError, ConnectionError) as err:
         if isinstance(err, HubError):
