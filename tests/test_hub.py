@@ -57,7 +57,7 @@ def logits_of(model, n: int = 10) -> torch.Tensor:
 def test_hub_id_loads_offline_like_the_local_directory(checkpoint, offline_cache) -> None:
     local = load_model(checkpoint)
     hub = load_model(REPO)
-    assert local.head.weight.dtype == hub.head.weight.dtype == torch.bfloat16  # config dtype
+    assert local.dtype == hub.dtype == torch.bfloat16  # the config's torch_dtype
     assert torch.equal(logits_of(local), logits_of(hub))
     fp32 = load_model(REPO, dtype=torch.float32)
     assert fp32.head.weight.dtype == torch.float32

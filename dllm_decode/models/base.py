@@ -288,6 +288,17 @@ class DecoderLM(nn.Module):
     def family(self) -> str:
         return self.spec.family
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the weights (``load_model(dtype=...)``)."""
+        return self.head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the input embedding (where token ids go; ``device_map`` may spread the
+        rest)."""
+        return self.embed.weight.device
+
     def rope_positions(self, valid: Tensor) -> Tensor:
         """Canvas validity ``[B, L]`` (False = left padding) -> RoPE positions ``[B, L]``.
 
