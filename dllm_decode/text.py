@@ -131,8 +131,14 @@ def _end_of_turn_id(tokenizer: Any) -> int | None:
         return None
     after = text.split(_PROBE, 1)[1] if _PROBE in text else ""
     ids = tokenizer(after, add_special_tokens=False)["input_ids"] if after else []
+    # special: the named specials plus added tokens flagged special (LLaDA's <|eot_id|>)
     special = set(getattr(tokenizer, "all_special_ids", []) or [])
-    return int(ids[0]) if ids and ids[0] in special else None
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special.update(int(i) for i, t in added.items() if getattr(t, "special", False))
+    for i in ids:  # the first token after the answer that is not whitespace
+        if tokenizer.decode([i]).strip():
+            return int(i) if i in special else None
+    return None
 
 
 def _generation_config_eos(tokenizer: Any) -> list[int]:

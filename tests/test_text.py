@@ -154,3 +154,18 @@ def test_bf16_checkpoint_decodes_on_cpu(tmp_path, tok) -> None:
     assert model.head.weight.dtype == torch.bfloat16
     out = DiffusionSampler(model, "threshold", gen_length=8).generate(torch.tensor([[1, 2, 3]]))
     assert out.answer.shape == (1, 8) and not (out.answer == model.mask_token_id).any()
+
+
+def test_end_of_turn_that_is_only_an_added_special_token(tok) -> None:
+    """LLaDA-Instruct's ``<|eot_id|>`` is an added special token (not a named special); the
+    template closes each turn with it, then the model pads with EOS."""
+    tok = load_tokenizer()
+    tok.add_tokens(["<|eot_id|>"], special_tokens=True)
+    eot = tok.convert_tokens_to_ids("<|eot_id|>")
+    tok.chat_template = ("{% for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] "
+                         "+ '\\n<|eot_id|>' }}{% endfor %}"
+                         "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}")
+    ids = stop_token_ids(tok)
+    assert eot in ids and tok.eos_token_id in ids
+    answer = torch.tensor([tok.encode("Maya Doyle") + [eot] + [tok.eos_token_id] * 4])
+    assert decode_answers(tok, answer, ids) == (["Maya Doyle"], [True])
