@@ -103,6 +103,8 @@ def _bare(cls: type[Exception]) -> Exception:
     ("GatedRepoError", r"(?s)gated.*token.*HF_TOKEN"),
     ("RepositoryNotFoundError", r"(?s).org/model. is not a local directory.*token"),
     ("RevisionNotFoundError", "revision"),
+    ("LocalEntryNotFoundError", r"(?s)'org/model'.*could not be reached.*hf download"),
+    ("OfflineModeIsEnabled", r"(?s)could not fetch model 'org/model'.*network.*HF_HUB_OFFLINE"),
 ])
 def test_hub_errors_are_explained(monkeypatch, error, expect) -> None:
     import huggingface_hub

@@ -132,12 +132,15 @@ def snapshot(repo_id: str, *, revision: str | None = None, patterns: tuple[str, 
         raise HubError(f"{purpose} {where} is not a local directory, not in the Hub cache "
                        f"{cache} (or its snapshot there is "
                        f"incomplete) and {mode}: {_what_to_do(repo_id)}") from err
-    except (OSError, ConnectionError) as err:
-        if isinstance(err, HubError):
+    except Exception as err:
+        network = isinstance(err, (OSError, ConnectionError)) or \
+            type(err).__module__.split(".")[0] in ("httpx", "httpx2", "requests", "urllib3")
+        if isinstance(err, HubError) or not network:
             raise
         raise HubError(f"could not fetch {purpose} {where} from the Hub ({type(err).__name__}: "
-                       f"{err}): check the network, or set HF_HUB_OFFLINE=1 to use the cache "
-                       f"{cache}; or pass a local directory") from err
+                       f"{err}): check the network (and, for a private or gated repository, "
+                       f"pass token=... or set HF_TOKEN), or set HF_HUB_OFFLINE=1 to use the "
+                       f"cache {cache}; or pass a local directory") from err
     return Path(path)
 
 
