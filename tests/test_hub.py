@@ -185,3 +185,34 @@ def test_device_map_cpu_only(checkpoint) -> None:
         load_model(checkpoint, device_map={"embed": "cpu", "layers": "cpu", "norm": "cpu"})
     with pytest.raises(ValueError, match="balanced"):
         load_model(checkpoint, device_map="everywhere")
+
+
+def test_only_the_needed_files_are_requested(monkeypatch, checkpoint, tmp_path) -> None:
+    import huggingface_hub
+
+    seen: list[dict] = []
+
+    def fake(repo_id, **kwargs):
+        seen.append({"repo_id": repo_id, **kwargs})
+        return str(checkpoint)
+
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.delenv("TRANSFORMERS_OFFLINE", raising=False)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake)
+    load_model("org/model", revision="v1", token="hf_secret", dtype="float32")
+    load_tokenizer("org/model", token="hf_secret")
+    model_call, tok_call = seen
+    assert model_call["repo_id"] == "org/model" and model_call["revision"] == "v1"
+    assert model_call["token"] == "hf_secret" and model_call["local_files_only"] is False
+    assert model_call["cache_dir"] == str(tmp_path / "cache")
+    patterns = set(model_call["allow_patterns"])
+    assert {"config.json", "generation_config.json", "*.safetensors",
+            "model.safetensors.index.json"} <= patterns
+    assert not any(p.endswith((".bin", ".pt", ".h5", "*")) and p != "*.safetensors"
+                   for p in patterns)
+    assert {"tokenizer.json", "tokenizer_config.json"} <= set(tok_call["allow_patterns"])
+    assert not any("safetensors" in p for p in tok_call["allow_patterns"])
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    load_model("org/model", dtype="float32")
+    assert seen[-1]["local_files_only"] is True
