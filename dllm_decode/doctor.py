@@ -64,19 +64,17 @@ def facts(device: torch.device) -> dict[str, str]:
 
 def _backend_status(device: torch.device) -> tuple[torch.device | None, str]:
     """(device to run Triton checks on, how) or (None, why not)."""
+    from dllm_decode import kernels
+
     if importlib.util.find_spec("triton") is None:
         return None, "triton is not installed"
     if device.type == "cpu" and "triton" not in sys.modules:
         # decided when ``triton`` is first imported: interpret its kernels on this CPU
         os.environ.setdefault("TRITON_INTERPRET", "1")
-    from dllm_decode.kernels import triton as backend
-
-    if backend.INTERPRETED:
-        return (torch.device("cpu"), "interpreter") if device.type == "cpu" else \
-            (None, "the backend was loaded under TRITON_INTERPRET=1")
-    if device.type != "cuda" or not backend.driver_ready():
-        return None, f"no Triton driver for {device}"
-    return device, "compiled"
+    how = kernels.triton_status(device)
+    if how is None:
+        return None, f"Triton kernels cannot run on {device} in this process"
+    return device, how
 
 
 def kernel_report(device: torch.device, dtype: torch.dtype) -> list[dict[str, str]]:

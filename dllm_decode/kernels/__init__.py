@@ -90,6 +90,17 @@ def _require_triton(device: torch.device) -> None:
         raise RuntimeError("impl='triton' cannot launch: Triton found no active GPU driver")
 
 
+def triton_status(device: torch.device) -> str | None:
+    """How Triton kernels run on ``device``: ``"compiled"``, ``"interpreter"`` or ``None``."""
+    try:
+        backend = _backend()
+    except RuntimeError:
+        return None
+    if backend.INTERPRETED:
+        return "interpreter" if torch.device(device).type == "cpu" else None
+    return "compiled" if torch.device(device).type == "cuda" and backend.driver_ready() else None
+
+
 def kernels_env() -> Impl | None:
     """``DLLM_DECODE_KERNELS`` (read on every call): what ``impl="auto"`` resolves to.
 
@@ -371,4 +382,5 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
 
 
 __all__ = ["ENV_VAR", "AttentionOutput", "GumbelSample", "block_attention", "confidence_stats",
-           "gumbel_sample", "kernels_env", "kv_write_", "propose", "resolve_impl"]
+           "gumbel_sample", "kernels_env", "kv_write_", "propose", "resolve_impl",
+           "triton_status"]
