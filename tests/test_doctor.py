@@ -44,3 +44,18 @@ def test_default_shape_is_llada_8b() -> None:
 def test_doctor_rejects_bad_arguments(capsys) -> None:
     assert cli.main(["doctor", "--device", "tpu9"]) == 2
     assert "tpu9" in capsys.readouterr().err
+
+
+def test_doctor_fails_when_a_kernel_disagrees(tmp_path, monkeypatch, capsys) -> None:
+    from dllm_decode import doctor
+    from dllm_decode.kernels import selfcheck
+
+    monkeypatch.setattr(doctor, "_backend_status", lambda device: (device, "compiled"))
+    monkeypatch.setattr(selfcheck, "check", lambda op, device, dtype: (
+        "max |out - reference| = 0.5 > 0.002" if op == "block_attention" else None))
+    out = tmp_path / "d.csv"
+    argv = ["doctor", "--shape", "small", "--prompt-length", "8", "--gen-length", "8",
+            "--block-length", "8", "--steps", "2", "--out", str(out)]
+    assert cli.main(argv) == 1
+    assert "block_attention   FAIL     max |out - reference| = 0.5" in capsys.readouterr().out
+    assert list(csv.DictReader(out.open()))[0]["kernels_failed"] == "block_attention"
