@@ -14,7 +14,9 @@ Vocabulary (word level, so one token per list item and the closed forms hold exa
 * one token per task (``<copy>``, ``<reverse>``, ...), ``[``, ``]``, ``,``;
 * index tokens ``<0>`` .. ``<max_items>``; one token per full name ("First Last").
 
-Prompt: ``<task> [<index>] [word] [ name , name , ... ] <answer>`` (left padding allowed).
+Prompt: ``<task> [<index>] [word] [ name , name , ... ] <answer>`` (left padding allowed);
+with ``slots=S`` the list is followed by ``2 (S - n)`` ``<fill>`` tokens, so every list item
+sits at a fixed offset from ``<answer>`` whatever its length n.
 Answer: ``[ name , ... , name ]`` followed by ``<eos>`` up to the generation length.
 
 Conditioning on an impossible canvas (committed tokens that no valid answer matches, which
@@ -51,7 +53,7 @@ CALIBRATED_FLOOR: Final = 1.0e-6
 #: shuffle answers are enumerated (n! - 1 of them); beyond this list length that is too many
 MAX_SHUFFLE_ITEMS: Final = 8
 
-PAD, EOS, MASK, ANSWER = "<pad>", "<eos>", "<mask>", "<answer>"
+PAD, EOS, MASK, ANSWER, FILL = "<pad>", "<eos>", "<mask>", "<answer>", "<fill>"
 OPEN, CLOSE, SEP = "[", "]", ","
 
 
@@ -140,10 +142,12 @@ class WaitingLineOracle(nn.Module):
     logit_shift: int = 0
 
     def __init__(self, names: Iterable[str], *, max_items: int = 16,
-                 max_length: int = 1024, calibration: Calibration | None = None) -> None:
+                 max_length: int = 1024, calibration: Calibration | None = None,
+                 slots: int | None = None) -> None:
         super().__init__()
         names = list(dict.fromkeys(names))
-        specials = [PAD, EOS, MASK, ANSWER, *(f"<{t}>" for t in TASK_NAMES), OPEN, CLOSE, SEP]
+        specials = [PAD, EOS, MASK, ANSWER, *(f"<{t}>" for t in TASK_NAMES), OPEN, CLOSE, SEP,
+                    FILL]
         indices = [f"<{i}>" for i in range(max_items + 1)]
         clash = set(names) & set(specials + indices)
         if clash:
@@ -156,6 +160,9 @@ class WaitingLineOracle(nn.Module):
         self._index_of = {self.token_id[t]: i for i, t in enumerate(indices)}
         self._first_name = len(specials) + len(indices)
         self.calibration = calibration or Calibration()
+        if slots is not None and not 1 <= slots <= max_items:
+            raise ValueError(f"slots must lie in [1, max_items={max_items}], got {slots}")
+        self.slots = slots
         self._names, self._partners = confusion_partners(self.vocab, self._first_name)
         self.register_buffer("_anchor", torch.zeros(0), persistent=False)
 
@@ -167,7 +174,7 @@ class WaitingLineOracle(nn.Module):
                           confusion=confusion, seed=seed)
         names = self.vocab[self._first_name:]
         return WaitingLineOracle(names, max_items=self.max_items, max_length=self._max_length,
-                                 calibration=cal)
+                                 calibration=cal, slots=self.slots)
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]], **kwargs: Any
@@ -220,7 +227,12 @@ class WaitingLineOracle(nn.Module):
             ids.append(self.token_id[f"<{index}>"])
         if word is not None:
             ids.append(self._name_id(word))
-        return ids + self.encode_items(items) + [self.token_id[ANSWER]]
+        fill = []
+        if self.slots is not None:  # fixed-width list region: the list ends at a fixed offset
+            if len(items) > self.slots:
+                raise ValueError(f"{len(items)} items exceed the prompt's {self.slots} slots")
+            fill = [self.token_id[FILL]] * (2 * (self.slots - len(items)))
+        return ids + self.encode_items(items) + fill + [self.token_id[ANSWER]]
 
     def encode_items(self, items: Sequence[str]) -> list[int]:
         """``[ a , b , ... ]`` as ids."""
@@ -281,6 +293,8 @@ class WaitingLineOracle(nn.Module):
         task = self._task_of[ids[start]]
         rest = list(ids[start + 1:])
         if rest and rest[-1] == self.token_id[ANSWER]:
+            rest = rest[:-1]
+        while rest and rest[-1] == self.token_id[FILL]:
             rest = rest[:-1]
         index = self._index_of.get(rest[0]) if rest else None
         if index is not None:
