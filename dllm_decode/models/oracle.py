@@ -50,6 +50,8 @@ TASK_NAMES: Final = (
 NEG_LOGIT: Final = -1.0e9
 #: the calibrated oracle's floor probability for impossible tokens (log = -13.8)
 CALIBRATED_FLOOR: Final = 1.0e-6
+#: prompts whose answer tables an oracle keeps (oldest dropped first)
+TABLE_CACHE: Final = 4096
 #: shuffle answers are enumerated (n! - 1 of them); beyond this list length that is too many
 MAX_SHUFFLE_ITEMS: Final = 8
 
@@ -160,6 +162,7 @@ class WaitingLineOracle(nn.Module):
         self._index_of = {self.token_id[t]: i for i, t in enumerate(indices)}
         self._first_name = len(specials) + len(indices)
         self.calibration = calibration or Calibration()
+        self._tables: dict[tuple[tuple[int, ...], int], Tensor] = {}
         if slots is not None and not 1 <= slots <= max_items:
             raise ValueError(f"slots must lie in [1, max_items={max_items}], got {slots}")
         self.slots = slots
@@ -308,11 +311,19 @@ class WaitingLineOracle(nn.Module):
         return task, items, word, index
 
     def answer_table(self, prompt_ids: Sequence[int], gen_length: int) -> Tensor:
-        """Every valid answer of a prompt as ids ``[M, G]`` (EOS-padded)."""
-        task, items, word, index = self.parse_prompt(prompt_ids)
-        answers = valid_answers(task, items, word, index)
-        return torch.tensor([self.encode_answer(a, gen_length) for a in answers],
-                            dtype=torch.long)
+        """Every valid answer of a prompt as ids ``[M, G]`` (EOS-padded; memoised per prompt,
+        the returned tensor must not be modified)."""
+        key = (tuple(prompt_ids), gen_length)
+        table = self._tables.get(key)
+        if table is None:
+            task, items, word, index = self.parse_prompt(prompt_ids)
+            answers = valid_answers(task, items, word, index)
+            table = torch.tensor([self.encode_answer(a, gen_length) for a in answers],
+                                 dtype=torch.long)
+            if len(self._tables) >= TABLE_CACHE:
+                self._tables.pop(next(iter(self._tables)))
+            self._tables[key] = table
+        return table
 
     def marginals(self, answers: Tensor, canvas: Tensor) -> Tensor:
         """Exact per-position conditionals for canvases that share one prompt.
