@@ -207,13 +207,15 @@ def pareto_plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)
     for ax, model in zip(axes[0], models, strict=True):
         mine = [r for r in rows if r["model"] == model]
+        ax.set_prop_cycle(color=plt.cm.tab20.colors[:14],
+                          marker=["o", "s", "^", "D", "v", "P", "X"] * 2)
         for family in dict.fromkeys(r["family"] for r in mine):
             pts = sorted((r["tpf"], r["acc"], r["ci_lo"], r["ci_hi"]) for r in mine
                          if r["family"] == family)
             xs, ys, lo, hi = zip(*pts, strict=True)
             err = [[y - l for y, l in zip(ys, lo, strict=True)],
                    [h - y for y, h in zip(ys, hi, strict=True)]]
-            ax.errorbar(xs, ys, yerr=err, marker="o", ms=4, capsize=2, label=family)
+            ax.errorbar(xs, ys, yerr=err, ms=4, capsize=2, label=family)
         ax.set_title(model)
         ax.set_xlabel("tokens per forward (gen length / NFE)")
         ax.set_ylabel("accuracy % (mean over 9 tasks)")

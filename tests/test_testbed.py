@@ -215,3 +215,17 @@ def test_scrambled_copy_warm_up_matches_the_slot_geometry() -> None:
     assert torch.equal(targets[:, :11].argmax(-1), span)  # copy at offset 12, as in tasks
     assert (tokens[:, p - 1] == oracle.token_id["<answer>"]).all()
     assert masked.any(-1).all()
+
+
+def test_readme_test_bed_snippet_runs(one_thread: None, capsys: pytest.CaptureFixture) -> None:
+    import re
+    import textwrap
+
+    readme = (ROOT / "README.md").read_text()
+    section = readme.split("## A test bed on which decoding methods differ", 1)[1]
+    section = section.split("\n## ", 1)[0]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None
+    exec(compile(textwrap.dedent(block.group(1)), "README test bed", "exec"), {})
+    answer = capsys.readouterr().out.split("]")[0] + "]"
+    assert len(json.loads(answer)) >= 3

@@ -147,8 +147,7 @@ def split_of(task: str, record: Record) -> str:
 def _draw_people(rng: random.Random, count: int, pool: NamePool | None = None) -> list[str]:
     first, last = pool or (FIRST_NAMES, LAST_NAMES)
     if len(first) * len(last) <= count:
-        raise ValueError(f"a name pool of {len(first)} x {len(last)} names cannot give "
-                         f"{count} distinct people")
+        raise ValueError(f"{len(first)} x {len(last)} names cannot give {count} people")
     people: list[str] = []
     while len(people) < count:
         name = f"{rng.choice(first)} {rng.choice(last)}"
@@ -354,8 +353,7 @@ def generate_task(
             (drawn after the main records, so the main records do not depend on this count).
         split: if given (``train`` / ``validation`` / ``test``), keep only instances owned by
             that split (:func:`split_of`); demonstrations are drawn from the same split.
-        names: ``(first_names, last_names)`` to draw Waiting Line people from (default: the
-            full clean-room lists); the word-level test bed uses a smaller pool.
+        names: ``(first, last)`` name lists for Waiting Line people (default: the full lists).
 
     Returns:
         ``n`` records (dicts). Deterministic in all arguments.
