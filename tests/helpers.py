@@ -58,3 +58,15 @@ def lay_out_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 3
     (root / "refs").mkdir(exist_ok=True)
     (root / "refs" / ref).write_text(commit)
     return snap
+
+
+def left_pad_rows(rows: list, pad: int) -> tuple[Any, Any]:
+    """Left-pad 1-D id tensors into ``ids [B, P]`` and ``mask [B, P]`` (1 = token)."""
+    import torch
+
+    width = max(len(r) for r in rows)
+    ids = torch.full((len(rows), width), pad)
+    mask = torch.zeros(len(rows), width, dtype=torch.long)
+    for i, r in enumerate(rows):
+        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    return ids, mask

@@ -23,7 +23,7 @@ from dllm_decode.samplers.contract import (
     StalledPolicyError,
 )
 from dllm_decode.types import StepState
-from tests.helpers import EOS, MASK, tiny_model
+from tests.helpers import EOS, MASK, left_pad_rows, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -232,11 +232,7 @@ def test_sampler_fields_reject_wrong_types(field, value) -> None:
 # ---- 5. batch invariance --------------------------------------------------------------------
 def _ragged(lengths: list[int], seed: int = 0) -> tuple[Tensor, Tensor, list[Tensor]]:
     rows = [_prompt(1, n, seed + i)[0] for i, n in enumerate(lengths)]
-    width = max(lengths)
-    ids = torch.full((len(rows), width), EOS)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    ids, mask = left_pad_rows(rows, EOS)
     return ids, mask, rows
 
 

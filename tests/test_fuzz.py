@@ -21,7 +21,7 @@ from dllm_decode import DiffusionSampler
 from dllm_decode.policies.capabilities import capabilities_of
 from dllm_decode.policies.registry import PRESETS, load_optional_presets, make_policy
 from dllm_decode.samplers.contract import NonFiniteLogitsError
-from tests.helpers import EOS, MASK, tiny_model
+from tests.helpers import EOS, MASK, left_pad_rows, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -67,11 +67,7 @@ class Adversary:
 def _batch(lengths: list[int], seed: int) -> tuple[Tensor, Tensor, list[Tensor]]:
     g = torch.Generator().manual_seed(seed)
     rows = [torch.randint(0, EOS, (n,), generator=g) for n in lengths]
-    width = max(lengths)
-    ids = torch.full((len(rows), width), EOS)
-    mask = torch.zeros(len(rows), width, dtype=torch.long)
-    for i, r in enumerate(rows):
-        ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
+    ids, mask = left_pad_rows(rows, EOS)
     return ids, mask, rows
 
 

@@ -229,3 +229,20 @@ def test_readme_test_bed_snippet_runs(one_thread: None, capsys: pytest.CaptureFi
     exec(compile(textwrap.dedent(block.group(1)), "README test bed", "exec"), {})
     answer = capsys.readouterr().out.split("]")[0] + "]"
     assert len(json.loads(answer)) >= 3
+
+
+@pytest.mark.parametrize("name", ["testbed-llada", "testbed-dream"])
+def test_bundled_testbed_checkpoints_copy_held_out_lists(name: str, one_thread: None) -> None:
+    """The bundled word-level checkpoints load by name, fit the size budget, ship their codec
+    and copy held-out lists at one token per step (other seeds than the card's)."""
+    from dllm_decode import load_model
+    from dllm_decode.models.loading import resolve_path
+    from dllm_decode.train.testbed import codec_for
+
+    directory = resolve_path(name)
+    assert (directory / "model.safetensors").stat().st_size <= 8 * 2**20
+    codec = codec_for(directory)
+    assert codec is not None and codec.vocab == waiting_line_oracle().vocab
+    model = load_model(name)
+    rows = decode_tasks(model, codec, 10, seed=12345, tasks=("copy",))
+    assert all(r["valid"] for r in rows["copy"])

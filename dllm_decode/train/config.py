@@ -177,17 +177,26 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
         prog="dllm-decode train tiny",
         description="Train a tiny masked-diffusion LM (LLaDA / Dream / SDAR-style) on "
                     "ParallelBench-style generated tasks.")
-    for f in dataclasses.fields(TrainConfig):
+    return parse_dataclass(TrainConfig, parser, argv)
+
+
+def parse_dataclass(cls: type[Any], parser: argparse.ArgumentParser,
+                    argv: list[str] | None) -> Any:
+    """``cls`` from flags: one ``--flag`` per dataclass field (dashes for underscores; bools
+    are switches; ``help`` from the field's metadata when present); a ``ValueError`` raised by
+    ``cls`` becomes a usage error."""
+    for f in dataclasses.fields(cls):
         flag = "--" + f.name.replace("_", "-")
+        text = f.metadata.get("help", "")
         if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true", help=f.metadata["help"])
+            parser.add_argument(flag, action="store_true", help=text)
         else:
             kind = {"int": int, "float": float, "str": str}[str(f.type)]
             parser.add_argument(flag, type=kind, default=f.default,
-                                help=f"{f.metadata['help']} (default: {f.default})")
+                                help=f"{text} (default: {f.default})".strip())
     ns = parser.parse_args(argv)
     try:
-        return TrainConfig(**vars(ns))
+        return cls(**vars(ns))
     except ValueError as err:
         parser.error(str(err))
         raise  # unreachable: parser.error exits

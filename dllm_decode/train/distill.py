@@ -39,7 +39,7 @@ from torch.nn import functional as F
 
 from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.oracle import WaitingLineOracle
-from dllm_decode.train.config import TrainConfig, build_tiny_model, untie
+from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
 from dllm_decode.train.testbed import (
     RANDOM_TASKS,
     TESTBED_GEN_LENGTH,
@@ -339,20 +339,7 @@ def parse_args(argv: list[str] | None) -> DistillConfig:
     parser = argparse.ArgumentParser(
         prog="dllm-decode train testbed",
         description="Distil the exact Waiting Line oracle into a tiny diffusion LM.")
-    for f in dataclasses.fields(DistillConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type in ("bool", bool):
-            parser.add_argument(flag, action="store_true")
-        else:
-            kind = {"int": int, "float": float, "str": str}[str(f.type)]
-            parser.add_argument(flag, type=kind, default=f.default,
-                                help=f"(default: {f.default})")
-    ns = parser.parse_args(argv)
-    try:
-        return DistillConfig(**vars(ns))
-    except ValueError as err:
-        parser.error(str(err))
-        raise
+    return parse_dataclass(DistillConfig, parser, argv)
 
 
 def distill_main(argv: list[str] | None = None) -> int:
