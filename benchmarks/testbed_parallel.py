@@ -81,7 +81,7 @@ def model_card(name: str, run_dir: Path, rows: list[dict[str, Any]]) -> str:
         "oracle on the word-level test bed (`dllm_decode.train.testbed`: one token per name, "
         "500 names, lists of 3-5, answers of 16 positions). It is a task model for measuring "
         "decoding policies, not a language model: prompts are the oracle's format, e.g. "
-        "`<copy> [ Maya Abbott , Ivan Adler , Pedro Bell ] <fill> <fill> <fill> <fill> "
+        "`<copy> [ Amelia Abbott , Bruno Adler , Carl Bell ] <fill> <fill> <fill> <fill> "
         "<answer>` (the list region padded with `<fill>` to five slots).", "",
         f"* architecture: {cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} heads, "
         f"MLP {cfg['intermediate']}, vocabulary {run['vocab_size']}; "

@@ -101,7 +101,14 @@ def encode_prompts(tokenizer: Any, prompts: Prompts, *, chat: bool | None = None
                                                  tokenize=False)
             ids = tokenizer(text, add_special_tokens=False)["input_ids"]
         else:
-            ids = tokenizer.encode(item)
+            try:
+                ids = tokenizer.encode(item)
+            except Exception as err:  # tokenizers raises a bare Exception for unknown words
+                if "UNK" not in str(err):
+                    raise
+                raise ValueError(f"prompt {item!r} has words outside this tokenizer's vocabulary "
+                                 "(a word-level tokenizer without an unknown token, e.g. a "
+                                 "test-bed checkpoint: use its names and symbols only)") from err
         if not ids:
             raise ValueError(f"prompt {item!r} encodes to no tokens")
         rows.append(list(ids))

@@ -246,3 +246,15 @@ def test_bundled_testbed_checkpoints_copy_held_out_lists(name: str, one_thread: 
     model = load_model(name)
     rows = decode_tasks(model, codec, 10, seed=12345, tasks=("copy",))
     assert all(r["valid"] for r in rows["copy"])
+
+
+def test_word_level_prompts_through_the_text_api(one_thread: None) -> None:
+    from dllm_decode import DiffusionSampler, generate_text, load_model, load_tokenizer
+
+    model, tok = load_model("testbed-llada"), load_tokenizer("testbed-llada")
+    sampler = DiffusionSampler(model, "threshold", gen_length=G)
+    prompt = "<reverse> [ Amelia Abbott , Bruno Adler , Carl Bell ] " + "<fill> " * 4 + "<answer>"
+    out = generate_text(sampler, tok, prompt)
+    assert out.texts[0].split() == "[ Carl Bell , Bruno Adler , Amelia Abbott ]".split()
+    with pytest.raises(ValueError, match="outside this tokenizer's vocabulary"):
+        generate_text(sampler, tok, "<copy> [ Nobody Here ] <answer>")

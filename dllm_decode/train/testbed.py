@@ -109,14 +109,14 @@ def write_tokenizer(oracle: WaitingLineOracle, directory: str | Path) -> None:
     """Write a word-level ``tokenizer.json`` (+ config) and the vocabulary file.
 
     Every vocabulary entry is an added token (names contain a space), so
-    ``tokenizer("<copy> [ Maya Abbott , Ivan Adler ] <answer>")`` gives the oracle's ids.
+    ``tokenizer("<copy> [ Amelia Abbott , Bruno Adler ] <answer>")`` gives the oracle's ids.
     """
     from tokenizers import AddedToken, Tokenizer, models, pre_tokenizers
 
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     vocab = {tok: i for i, tok in enumerate(oracle.vocab)}
-    tok = Tokenizer(models.WordLevel(vocab, unk_token=PAD))
+    tok = Tokenizer(models.WordLevel(vocab))  # no unk: an unknown name is an error, not <pad>
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     specials = {PAD, EOS, MASK}
     tok.add_tokens([AddedToken(t, normalized=False) for t in oracle.vocab if t not in specials])
