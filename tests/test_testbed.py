@@ -255,6 +255,7 @@ def test_word_level_prompts_through_the_text_api(one_thread: None) -> None:
     sampler = DiffusionSampler(model, "threshold", gen_length=G)
     prompt = "<reverse> [ Amelia Abbott , Bruno Adler , Carl Bell ] " + "<fill> " * 4 + "<answer>"
     out = generate_text(sampler, tok, prompt)
-    assert out.texts[0].split() == ["[", "Carl", "Bell", ",", "Bruno", "Adler", ",", "Amelia", "Abbott", "]"]
+    expected = "[ Carl Bell , Bruno Adler , Amelia Abbott ]"
+    assert " ".join(out.texts[0].split()) == expected
     with pytest.raises(ValueError, match="outside this tokenizer's vocabulary"):
         generate_text(sampler, tok, "<copy> [ Nobody Here ] <answer>")
