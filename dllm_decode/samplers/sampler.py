@@ -16,8 +16,9 @@ from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
 from dllm_decode.policies.registry import Policy, make_policy
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.inputs import check_inputs
-from dllm_decode.samplers.proposals import ProposalMaker, widen
-from dllm_decode.types import Generation, Selection, StepState
+from dllm_decode.samplers.proposals import ProposalMaker
+from dllm_decode.samplers.step import StepParts, compile_step, post_forward
+from dllm_decode.types import Generation, Impl, StepState
 
 OnStep = Callable[[StepState, Tensor], None]
 
@@ -62,11 +63,18 @@ class DiffusionSampler:
         cache: ``"none" | "prefix" | "dual" | "block_causal" | "window"`` (``None``: the
             policy's ``preferred_cache``, else ``"none"``).
         debug: check the commit contract every step (``check_commit``).
+        compile: run each step's work after the forward (propose, select, stop, commit;
+            ``samplers.step.post_forward``) through ``torch.compile(fullgraph=True)``
+            (``mode="reduce-overhead"`` on CUDA); a string names the ``torch.compile``
+            backend (``True``: Inductor). Tokens equal the eager loop's; ``bits`` may differ
+            in the last float32 digits. Not for policies that run extra forwards or draw
+            data-dependent shapes (``rng="reference"`` sampling, Dream ``origin``): they raise.
         **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``).
     """
 
     def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
-                 cache: str | None = None, *, debug: bool = False, **params: Any) -> None:
+                 cache: str | None = None, *, debug: bool = False, compile: bool | str = False,
+                 **params: Any) -> None:
         names = set(SamplerConfig.field_names())
         cfg_params = {k: v for k, v in params.items() if k in names}
         policy_params = {k: v for k, v in params.items() if k not in names}
@@ -85,6 +93,8 @@ class DiffusionSampler:
             cache = self.capabilities.selector.preferred_cache or "none"
         self.config = SamplerConfig(cache=cache, **cfg_params)
         self.debug = debug
+        self.compile = compile
+        self._compiled: Any = None  # the compiled step, built on first use (per device)
 
     def __repr__(self) -> str:
         return f"DiffusionSampler(policy={self.policy.name!r}, cache={self.config.cache.value!r})"
@@ -143,6 +153,11 @@ class DiffusionSampler:
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
+        if self.compile:  # the compiler fuses the torch reference itself
+            maker.impl = Impl.REFERENCE
+        parts = StepParts(maker, selector, stopper, caps.needs_logits,
+                          sel_caps.proposes_after_select)
+        run_step = self._step_function(caps, cfg, device)
 
         memory = init_memory_of(selector, b, length, device)
         pos_idx = torch.arange(length, device=device)
@@ -151,9 +166,12 @@ class DiffusionSampler:
         # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block
         lookahead = sel_caps.lookahead
         nfe = torch.zeros(b, dtype=torch.long, device=device)
-        commit_step = torch.full((b, g), -1, dtype=torch.long, device=device)
         lengths = torch.full((b,), g, dtype=torch.long, device=device)
-        bits: list[Tensor] = []
+        # per-generation records, written in place at commits (one op each per step); bits
+        # and commit steps are derived from them after the loop
+        commit_at = torch.full((b, length), -1, dtype=torch.long, device=device)
+        commit_prob = torch.ones(b, length, dtype=torch.float64, device=device)
+        spans = _SpanMasks(b, length, device)
         refreshed: list[Tensor] = []  # [B] per step, stacked at the end (no sync)
         step_forwards: list[int] = []  # host counters: model calls per step
         step = forwards = 0
@@ -161,10 +179,12 @@ class DiffusionSampler:
 
         for blk, (bs, be, aligned) in enumerate(layout):
             masked = canvas == mask_id
-            n_block = masked[:, bs:be].sum(1)
             steps_per_block = block_steps[blk] if block_steps else None
             n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
+            budgets = None  # LLaDA: the block's whole budget schedule [B, S], once per block
+            if steps_per_block and schedule != "dream":
+                budgets = sch.llada_budgets(masked[:, bs:be].sum(1), n_iter)
             for i in range(n_iter):
                 masked = canvas == mask_id
                 model_canvas = canvas
@@ -172,10 +192,11 @@ class DiffusionSampler:
                     model_canvas = torch.cat([canvas, canvas.masked_fill(prompt_index, mask_id)])
                 need = plan.prepare(model_canvas, i, lo,
                                     final=bool(steps_per_block) and i == n_iter - 1)
+                counts = torch.stack([masked[:, bs:be].sum(), masked.sum()])
                 # the one host sync per step: is anything still masked in this block? (plus
                 # the integers the plan needs to shape its forward)
-                n_left, n_masked, *host = torch.cat(
-                    [torch.stack([masked[:, bs:be].sum(), masked.sum()]), need]).tolist()
+                n_left, n_masked, *host = (counts if need is None
+                                           else torch.cat([counts, need])).tolist()
                 if n_left == 0 and not (cfg.exact_steps and steps_per_block):
                     break
                 reach = min(be + lookahead, length)
@@ -186,57 +207,43 @@ class DiffusionSampler:
                 if cfg_on:
                     cond, uncond = logits.chunk(2)
                     logits = uncond + (cfg.cfg_scale + 1) * (cond - uncond)
-                rows = fed.rows.to(device)
-                rows = rows[:b] if rows.dim() == 2 else rows
+                rows = fed.rows if fed.rows.dim() == 1 else fed.rows[:b]
                 live = None if fed.live is None else fed.live[:b]
-                fresh = fed.fresh_mask(b, length)
-                eligible = masked & fresh & (pos_idx < reach)[None]
-                prop = maker.propose(logits, fed, rows, masked, n_masked)
-                full_prop = widen(prop, canvas, rows, live)
+                if fed.span is not None and live is None:  # contiguous rows: cached masks
+                    fresh = spans.get(*fed.span)
+                    eligible = masked & spans.get(fed.span[0], min(fed.span[1], reach))
+                else:
+                    fresh = fed.fresh_mask(b, length)
+                    eligible = masked & fresh & spans.get(0, reach)
                 budget = None
-                if steps_per_block:
-                    budget = (sch.dream_budget(masked, times, i, n_iter) if schedule == "dream"
-                              else sch.llada_budget(n_block, i, n_iter))
-                step_model = _StepModel(model, plan, maker, model_canvas, nfe,
-                                        eligible.any(1), b, enabled=not cfg_on)
-                state = StepState(
-                    proposal=full_prop, eligible=eligible, masked=masked,
-                    fresh=fresh, canvas=canvas, step=step, block=blk,
-                    block_start=bs, block_end=be, gen_start=p,
+                if budgets is not None:
+                    budget = budgets[:, i]
+                elif steps_per_block:
+                    budget = sch.dream_budget(masked, times, i, n_iter)
+                active = eligible.any(1)
+                step_model = _StepModel(model, plan, maker, model_canvas, nfe, active, b,
+                                        enabled=not cfg_on)
+                info = dict(
+                    step=step, block=blk, block_start=bs, block_end=be, gen_start=p,
                     steps_left=(n_iter - i) if steps_per_block or times is not None else None,
-                    budget=budget, progress=step / max(total_steps - 1, 1), generator=gen,
+                    progress=_progress(step / max(total_steps - 1, 1), self.compile, device),
+                    generator=gen,
                     forward_start=fed.fed_start, forward_width=fed.fed_width,
                     times=(times[i], times[i + 1]) if times is not None else None,
-                    memory=memory, logits=logits if caps.needs_logits else None,
-                    extras={"n_masked": n_masked, "lengths": lengths,
-                            "refresh": fed.refresh, "total_steps": total_steps},
-                    rows=rows, refreshed=fed.refreshed_rows(b), model=step_model,
-                )
-                chosen = selector.select(state)
-                sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
-                commit = sel.commit
+                    memory=memory, extras={"n_masked": n_masked, "lengths": lengths,
+                                           "refresh": fed.refresh, "total_steps": total_steps},
+                    model=step_model, n_masked=n_masked, refreshed=spans.flag(fed.refresh)
+                    if fed.refreshed is None else fed.refreshed[:b])
+                out = run_step(parts, fed, logits, rows, live, canvas, masked, fresh, eligible,
+                               budget, commit_at, commit_prob, info)
+                state, commit, canvas, commit_prob = out.state, out.commit, out.canvas, \
+                    out.commit_prob
                 forwards += step_model.calls
                 if self.debug:
-                    check_commit(state, commit, allow_empty=sel_caps.may_commit_nothing)
-                tokens, prob = full_prop.tokens, full_prop.prob
-                if sel.tokens is not None:
-                    tokens = torch.where(commit, sel.tokens, tokens)
-                if sel.prob is not None:
-                    prob = torch.where(commit, sel.prob.to(prob.dtype), prob)
-                if sel_caps.proposes_after_select:
-                    tokens = maker.resample_committed(logits, rows, commit, tokens)
-                if stopper is not None:
-                    stop = stopper.should_stop(state)
-                    greedy = stop[:, None] & masked & fresh
-                    tokens = torch.where(greedy & ~commit, full_prop.greedy, tokens)
-                    commit = commit | greedy
-                canvas = torch.where(commit, tokens, canvas)
-                nll = -torch.log(prob.double().clamp_min(1e-300))
-                bits.append(torch.where(commit, nll, 0.0).sum(1))
+                    check_commit(state, out.selected, allow_empty=sel_caps.may_commit_nothing)
                 refreshed.append(state.refreshed)
                 step_forwards.append(1 + step_model.calls)
-                commit_step[commit[:, p:]] = step
-                nfe += eligible.any(1).long()
+                nfe += active
                 if truncator is not None:
                     new_len = truncator.truncate(state, commit).clamp(max=g)
                     lengths = torch.minimum(lengths, new_len)
@@ -248,12 +255,28 @@ class DiffusionSampler:
                 if on_step is not None:
                     on_step(state, commit)
                 step += 1
-        bits_t = torch.stack(bits, 1) if bits else torch.zeros(b, 0, dtype=torch.float64)
+        bits_t = _bits(commit_at, commit_prob, step)
         refreshed_t = (torch.stack(refreshed, 1) if refreshed
                        else torch.zeros(b, 0, dtype=torch.bool, device=device))
         return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
-                          commit_step=commit_step, bits=bits_t, lengths=lengths,
+                          commit_step=commit_at[:, p:].clone(), bits=bits_t, lengths=lengths,
                           refreshed=refreshed_t, step_forwards=step_forwards)
+
+    def _step_function(self, caps: Capabilities, cfg: SamplerConfig,
+                       device: torch.device) -> Callable[..., Any]:
+        """``post_forward``, compiled when ``compile=True`` (once per sampler and device)."""
+        if not self.compile:
+            return post_forward
+        sel = caps.selector
+        if sel.extra_forwards or (cfg.temperature > 0 and cfg.rng == "reference") or \
+                sel.proposes_after_select:
+            raise ValueError(f"compile=True does not support policy {self.policy.name!r} with "
+                             "these settings (extra forwards, or rng='reference' sampling with "
+                             "data-dependent shapes); use compile=False")
+        if self._compiled is None or self._compiled[0] != device.type:
+            backend = "inductor" if self.compile is True else str(self.compile)
+            self._compiled = (device.type, compile_step(device, backend))
+        return self._compiled[1]
 
     # ---- layout --------------------------------------------------------------------------
     def _layout(self, cfg: SamplerConfig, p: int, length: int) -> list[tuple[int, int, int]]:
@@ -290,6 +313,14 @@ class DiffusionSampler:
         return [total // n_blocks] * n_blocks
 
 
+def _progress(value: float, compiled: bool | str, device: torch.device) -> float | Tensor:
+    """``StepState.progress``: a float, or under ``compile`` a 0-d float64 tensor (a host
+    float would specialise the compiled step on its value and recompile every step)."""
+    if not compiled:
+        return value
+    return torch.tensor(value, dtype=torch.float64, device=device)
+
+
 def _bind(component: Any, model: Any, cfg: SamplerConfig) -> Any:
     bind = getattr(component, "bind", None)
     return component if bind is None else bind(model, cfg)
@@ -303,10 +334,19 @@ class _StepModel:
         self.mask_token_id = model.mask_token_id
         self.eos_token_ids = tuple(model.eos_token_ids or ())
         self.block_size = getattr(model, "block_size", None)
-        self.positions, self.valid = plan.positions[:batch], plan.valid[:batch]
         self.calls = 0
-        self._plan, self._maker, self._canvas = plan, maker, canvas
+        self._plan, self._maker, self._canvas, self._batch = plan, maker, canvas, batch
         self._nfe, self._active, self._enabled = nfe, default_active, enabled
+
+    @property
+    def positions(self) -> Tensor:
+        """``[B, L]`` RoPE positions (sliced on use: most steps never ask)."""
+        return self._plan.positions[:self._batch]
+
+    @property
+    def valid(self) -> Tensor:
+        """``[B, L]`` key validity."""
+        return self._plan.valid[:self._batch]
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor,
                 active: Tensor | None = None) -> Tensor:
@@ -320,6 +360,49 @@ class _StepModel:
 
     def probs(self, logits: Tensor) -> Tensor:
         return self._maker.distribution(logits)
+
+
+class _SpanMasks:
+    """Per-generation memo of ``[B, L]`` masks of canvas spans ``[lo, hi)`` and of ``[B]``
+    constant flags: a block's steps reuse them instead of building them every step.
+    The tensors are shared between steps and must not be written to (``StepState`` is a
+    read-only view)."""
+
+    def __init__(self, batch: int, length: int, device: torch.device) -> None:
+        self.batch, self.length, self.device = batch, length, device
+        self._pos = torch.arange(length, device=device)
+        self._spans: dict[tuple[int, int], Tensor] = {}
+        self._flags: dict[bool, Tensor] = {}
+
+    def get(self, lo: int, hi: int) -> Tensor:
+        """``[B, L]`` bool: ``lo <= position < hi`` (an expanded view; read-only)."""
+        out = self._spans.get((lo, hi))
+        if out is None:
+            one = (self._pos >= lo) & (self._pos < hi)
+            out = self._spans[(lo, hi)] = one[None].expand(self.batch, -1)
+        return out
+
+    def flag(self, value: bool) -> Tensor:
+        """``[B]`` bool filled with ``value`` (read-only)."""
+        out = self._flags.get(value)
+        if out is None:
+            out = self._flags[value] = torch.full((self.batch,), value, device=self.device)
+        return out
+
+
+def _bits(commit_at: Tensor, commit_prob: Tensor, steps: int, chunk: int = 64) -> Tensor:
+    """``[B, steps]`` float64 information committed per step: the sum of ``-log p`` over the
+    positions committed at that step (``commit_at [B, L]``, -1: never; ``commit_prob [B, L]``
+    the probability each was committed with). Computed once after the loop, per step as a
+    masked row sum over the canvas (the same reduction a per-step sum would do)."""
+    b = commit_at.shape[0]
+    nll = -torch.log(commit_prob.double().clamp_min(1e-300))
+    out = [torch.zeros(b, 0, dtype=torch.float64, device=nll.device)]
+    for s0 in range(0, steps, chunk):
+        at = torch.arange(s0, min(s0 + chunk, steps), device=nll.device)
+        hit = commit_at[:, None, :] == at[None, :, None]  # [B, S', L]
+        out.append(torch.where(hit, nll[:, None, :], 0.0).sum(2))
+    return torch.cat(out, 1)
 
 
 def _fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,
