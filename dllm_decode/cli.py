@@ -12,6 +12,7 @@ import torch
 
 from dllm_decode.policies.compose import STOPPERS, TRUNCATORS
 from dllm_decode.policies.registry import PRESETS, load_optional_presets
+from dllm_decode.samplers.contract import DecodeContractError
 
 #: the bundled default checkpoint (LLaDA-like); a seeded random model stands in if absent
 DEFAULT_MODEL = "tiny-llada"
@@ -77,6 +78,18 @@ def _policy_params(pairs: list[str]) -> dict[str, Any]:
     return out
 
 
+def _reject_sampler_params(params: dict[str, Any]) -> None:
+    """``--param`` keys that ``generate`` sets from its own flags are an error (with the flag);
+    other ``SamplerConfig`` fields (``refresh_every``, ``causal_prefix``, ...) pass through."""
+    flags = {"gen_length", "block_length", "steps", "temperature", "seed", "stop_at_eos",
+             "cache"}
+    clash = sorted(set(params) & flags)
+    if clash:
+        hints = ", ".join(f"--{k.replace('_', '-')} {params[k]}" for k in clash)
+        raise ValueError(f"--param {clash} are sampler settings with their own flags, not "
+                         f"policy parameters; use {hints}")
+
+
 def cmd_generate(args: argparse.Namespace) -> int:
     from dllm_decode.samplers.build import build_sampler
 
@@ -84,11 +97,9 @@ def cmd_generate(args: argparse.Namespace) -> int:
     model, tok, desc = load_model_and_tokenizer(args.model, args.seed)
     ids = encode_prompt(tok, args.prompt)
     params = _policy_params(args.param)
-    flags = dict(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
-                 temperature=args.temperature, seed=args.seed, stop_at_eos=args.stop_at_eos)
-    for key in flags.keys() & params.keys():
-        raise ValueError(f"give {key} with --{key.replace('_', '-')}, not --param")
-    params.update(flags)
+    _reject_sampler_params(params)
+    params.update(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
+                  temperature=args.temperature, seed=args.seed, stop_at_eos=args.stop_at_eos)
     sampler = build_sampler(model, args.policy, stopper=args.stopper, truncator=args.truncator,
                             cache=args.cache, params=params)
     prompt = torch.tensor([ids])
@@ -207,7 +218,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return int(args.func(args) or 0)
-    except (ValueError, TypeError, FileNotFoundError) as err:
+    except (ValueError, TypeError, FileNotFoundError, DecodeContractError) as err:
         print(f"dllm-decode: error: {err}", file=sys.stderr)
         return 2
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 
+from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import CacheMode, Impl
 
 _SAMPLING = ("gumbel", "categorical")
@@ -55,13 +57,16 @@ class SamplerConfig:
         rng: ``compact`` draws noise only for the rows that are scored; ``reference`` draws it
             in the reference decoders' shapes and order (exact seeded conformance).
         allow_prompt_masks: accept MASK tokens inside the prompt (LLaDA infilling semantics:
-            they are eligible like block positions).
+            they are eligible like block positions). As in LLaDA's ``generate``, the answer may
+            then end with masks (the one exception to the no-masks contract).
         max_steps_per_block: safety cap for adaptive policies (``None``: the block's masked
             count, which always suffices since every step commits at least one position).
         exact_steps: run every scheduled step even after the block is complete, as the
             reference decoders do (their NFE accounting; e.g. Dream always runs ``steps``).
         impl: kernel implementation for the proposal op.
-        seed: seed of the ``torch.Generator`` (``None``: 0).
+        seed: seed of the ``torch.Generator`` shared by the batch (``None``: 0), or one int per
+            row (a list or tuple): every row is then decoded alone with its own generator, so
+            sampled tokens do not depend on the batch (``samplers.batching``).
     """
 
     gen_length: int = 128
@@ -89,7 +94,7 @@ class SamplerConfig:
     max_steps_per_block: int | None = None
     exact_steps: bool = False
     impl: Impl = Impl.AUTO
-    seed: int | None = None
+    seed: int | tuple[int, ...] | None = None
 
     def __post_init__(self) -> None:
         def check(ok: bool, msg: str) -> None:
@@ -98,6 +103,15 @@ class SamplerConfig:
 
         object.__setattr__(self, "cache", _enum(CacheMode, self.cache, "cache"))
         object.__setattr__(self, "impl", _enum(Impl, self.impl, "impl"))
+        check_fields(self, "SamplerConfig")
+        if isinstance(self.seed, list):
+            object.__setattr__(self, "seed", tuple(self.seed))
+        seeds = self.seed if isinstance(self.seed, tuple) else (self.seed,)
+        check(self.seed is None or (len(seeds) > 0 and all(
+            isinstance(s, int) and not isinstance(s, bool) for s in seeds)),
+            f"seed must be an int, None, or a list of ints (one per row), got {self.seed!r}")
+        check(all(s is None or -(2**63) <= s < 2**64 for s in seeds),
+              f"seed must fit in 64 bits (torch.Generator), got {self.seed!r}")
         check(isinstance(self.gen_length, int) and self.gen_length >= 1,
               f"gen_length must be an int >= 1, got {self.gen_length!r}")
         check(self.block_length is None or self.block_length >= 1,
@@ -108,8 +122,10 @@ class SamplerConfig:
                   f"({self.block_length}); valid block lengths: "
                   f"{[d for d in range(1, self.gen_length + 1) if self.gen_length % d == 0]}")
         check(self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps!r}")
-        check(self.temperature >= 0, f"temperature must be >= 0, got {self.temperature}")
-        check(self.cfg_scale >= 0, f"cfg_scale must be >= 0, got {self.cfg_scale}")
+        check(0 <= self.temperature < math.inf,
+              f"temperature must be a finite number >= 0, got {self.temperature}")
+        check(0 <= self.cfg_scale < math.inf,
+              f"cfg_scale must be a finite number >= 0, got {self.cfg_scale}")
         check(self.refresh_every is None or self.refresh_every >= 1,
               f"refresh_every must be >= 1 or None, got {self.refresh_every!r}")
         for name in ("window_tokens", "active_tokens"):

@@ -32,7 +32,8 @@ def test_generation_records_steps_without_syncs() -> None:
     assert out.refreshed[0].tolist() == [True, False, False, False] * 2
     per_step = out.commits_per_step()
     assert per_step.tolist() == [[1] * 8] * 2 and out.forwards == sum(out.step_forwards)
-    fast = DiffusionSampler(LLADA, "threshold", tau=0.0, gen_length=8).generate(prompt)
+    # tau must lie in (0, 1] (policies.validate): any tau <= 1/V commits every position at once
+    fast = DiffusionSampler(LLADA, "threshold", tau=1e-6, gen_length=8).generate(prompt)
     assert fast.commits_per_step().sum(1).tolist() == [8, 8]
 
 

@@ -145,7 +145,8 @@ def _context_free_model():
 def test_q_equals_p_accepts_the_whole_span(temperature: float, cache: str) -> None:
     model = _context_free_model()
     mems = []
-    mask = torch.tensor([[0, 0, 0, 1, 1, 1, 1, 1], [1] * 8])  # a left-padded row
+    # a left-padded row (padding of a whole block: prompts of other phases decode apart)
+    mask = torch.tensor([[0, 0, 0, 0, 1, 1, 1, 1], [1] * 8])
     out = DiffusionSampler(model, "s2d2", router="always", cache=cache, gen_length=16,
                            temperature=temperature, debug=True).generate(
         _prompt(2, 8, 3), mask, on_step=lambda s, c: mems.append(s.memory))

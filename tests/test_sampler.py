@@ -118,10 +118,12 @@ def test_left_padded_batch_equals_rows_alone() -> None:
         assert torch.equal(out.answer[1], s.generate(b).answer[0])
 
 
-def test_threshold_above_one_is_one_token_per_step() -> None:
-    out = DiffusionSampler(MODELS["llada"], "threshold", tau=1.01, gen_length=8,
+def test_threshold_one_is_one_token_per_step() -> None:
+    out = DiffusionSampler(MODELS["llada"], "threshold", tau=1.0, gen_length=8,
                            block_length=4).generate(_prompt(1, 4, 0))
     assert out.forwards == 8 and out.steps == 8
+    with pytest.raises(ValueError, match=r"tau must be a finite number in \(0, 1\]"):
+        DiffusionSampler(MODELS["llada"], "threshold", tau=1.01)
 
 
 def test_cfg_and_eos_options_run() -> None:
@@ -181,6 +183,6 @@ def test_bad_inputs() -> None:
         s.generate(torch.tensor([[1, 99]]))
     with pytest.raises(ValueError, match="unknown policy"):
         DiffusionSampler(MODELS["llada"], "greedy-ish")
-    with pytest.raises(ValueError, match="bad parameters"):
+    with pytest.raises(ValueError, match="did you mean 'tau'"):
         DiffusionSampler(MODELS["llada"], "threshold", tauu=0.3)
     assert SamplerConfig(gen_length=8).num_blocks == 1

@@ -77,6 +77,7 @@ def llada_config(spec: ModelSpec) -> dict[str, Any]:
         "architectures": ["LLaDAModelLM"], "model_type": "llada", "activation_type": "silu",
         "alibi": False, "block_type": "llama", "d_model": spec.hidden_size,
         "n_layers": spec.num_layers, "n_heads": spec.num_heads, "n_kv_heads": spec.num_kv_heads,
+        "head_dim": spec.head_dim,
         "mlp_hidden_size": spec.intermediate_size, "mlp_ratio": 4, "layer_norm_type": "rms",
         "rms_norm_eps": spec.norm_eps, "rope": True, "rope_theta": spec.rope_theta,
         "rope_full_precision": True, "include_bias": False,

@@ -4,6 +4,18 @@
 "Dream", "sdar") and checks every tensor name and shape against the architecture, naming the
 offending tensor in the error. Bundled checkpoints under ``models/assets/<name>`` resolve by
 name (``load_model("tiny-llada")``).
+
+Every problem with the files is a ``CheckpointError`` naming the file and the fix: unreadable
+(truncated / corrupt) safetensors, invalid JSON (with line and column), a ``model_type`` whose
+fields or tensor names do not match, token ids outside the vocabulary, inconsistent head
+counts, and (``check_finite=True``, the default) NaN / inf weights.
+
+A changed head count is caught whenever it changes a tensor shape (Qwen-style configs record
+``head_dim`` and ``num_key_value_heads``, so ``q_proj`` / ``k_proj`` / the q/k-norm weights
+change shape) or contradicts a recorded ``head_dim`` (``save_model`` writes it for LLaDA too).
+A release LLaDA config without ``head_dim`` cannot be checked: every attention matrix is
+``d_model x d_model`` whatever ``n_heads`` is and no tensor is per head, so only comparing
+outputs with a reference (the conformance fixtures) can tell.
 """
 
 from __future__ import annotations
@@ -61,7 +73,77 @@ def read_config(directory: Path) -> dict[str, Any]:
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{directory} has no config.json")
-    return json.loads(cfg_path.read_text())
+    return _read_json(cfg_path)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    """A JSON object from ``path``; ``CheckpointError`` with the line and column if invalid."""
+    try:
+        data = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise CheckpointError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno} "
+                              f"({err.msg}); fix that line or re-save the checkpoint with "
+                              "save_model") from None
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{path}: not a UTF-8 text file ({err.reason}); is it the right "
+                              "file?") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
+    """``load_file`` with the file named when it cannot be read."""
+    try:
+        return load_file(str(path))
+    except Exception as err:  # noqa: BLE001 - SafetensorError / OSError: name the file
+        raise CheckpointError(f"{path}: cannot read safetensors ({type(err).__name__}: {err}); "
+                              "the file is truncated or corrupt: download or save it "
+                              "again") from None
+
+
+def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
+    """``ModelSpec`` for ``config`` (read from ``where``), checked for internal consistency.
+
+    Raises ``CheckpointError`` for missing / malformed fields, ``hidden_size`` not divisible by
+    the head count, a recorded ``head_dim`` that contradicts it, and token ids (mask, EOS, pad)
+    outside the vocabulary.
+    """
+    _, parse, _ = family_of(config, where)
+    mt = config.get("model_type")
+    try:
+        spec = parse(config)
+    except KeyError as err:
+        raise CheckpointError(f"{where}: model_type {mt!r} needs the field {err.args[0]!r}, "
+                              f"which is missing; is model_type right for this checkpoint? "
+                              f"(supported: {sorted(FAMILIES)})") from None
+    except ZeroDivisionError:
+        raise CheckpointError(f"{where}: the number of attention heads must be >= 1") from None
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{where}: {err}") from None
+    heads, hidden = spec.num_heads, spec.hidden_size
+    explicit_hd = "head_dim" in config and spec.family != "llada"
+    if heads < 1:
+        raise CheckpointError(f"{where}: the number of attention heads must be >= 1, got {heads}")
+    if not explicit_hd and hidden % heads:
+        raise CheckpointError(f"{where}: hidden size {hidden} is not divisible by the number of "
+                              f"attention heads {heads}; fix the head count in the config")
+    recorded = config.get("head_dim")
+    if spec.family == "llada" and recorded is not None and int(recorded) != hidden // heads:
+        raise CheckpointError(f"{where}: n_heads {heads} gives head_dim {hidden // heads}, but "
+                              f"the config records head_dim {recorded}; was n_heads changed?")
+    if spec.head_dim % 2:
+        raise CheckpointError(f"{where}: head_dim {spec.head_dim} must be even (rotary "
+                              "embeddings rotate half of it)")
+    ids = [("mask_token_id", spec.mask_token_id)]
+    ids += [("eos_token_id", e) for e in spec.eos_token_ids]
+    if spec.pad_token_id is not None:
+        ids.append(("pad_token_id", spec.pad_token_id))
+    for name, value in ids:
+        if not 0 <= int(value) < spec.vocab_size:
+            raise CheckpointError(f"{where}: {name} {value} is outside the vocabulary "
+                                  f"[0, {spec.vocab_size}); fix {name} or vocab_size")
+    return spec
 
 
 def build_model(config: dict[str, Any], *, seed: int | None = 0,
@@ -71,8 +153,8 @@ def build_model(config: dict[str, Any], *, seed: int | None = 0,
 
     For tests and examples: N(0, init_std^2) matrices, unit norm weights.
     """
-    cls, parse, _ = family_of(config)
-    spec = parse(config)
+    cls, _, _ = family_of(config)
+    spec = parse_spec(config, "config")
     gen = torch.Generator().manual_seed(seed or 0)
     model = cls(spec)
     with torch.no_grad():
@@ -86,11 +168,12 @@ def build_model(config: dict[str, Any], *, seed: int | None = 0,
     return model.to(device=device, dtype=dtype).eval()
 
 
-def family_of(config: dict[str, Any]) -> tuple[type[DecoderLM], Callable, Callable]:
+def family_of(config: dict[str, Any], where: Path | str = "config"
+              ) -> tuple[type[DecoderLM], Callable, Callable]:
     mt = str(config.get("model_type", "")).lower()
     if mt not in FAMILIES:
         raise CheckpointError(
-            f"unknown model_type {config.get('model_type')!r}; supported: "
+            f"{where}: unknown model_type {config.get('model_type')!r}; supported: "
             f"{sorted(FAMILIES)} (LLaDA 'llada', Dream 'Dream', SDAR-style 'sdar')"
         )
     return FAMILIES[mt]
@@ -100,15 +183,15 @@ def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
     single = directory / "model.safetensors"
     index = directory / "model.safetensors.index.json"
     if single.is_file():
-        return load_file(str(single))
+        return _load_safetensors(single)
     if index.is_file():
-        weight_map = json.loads(index.read_text()).get("weight_map", {})
+        weight_map = _read_json(index).get("weight_map", {})
         tensors: dict[str, torch.Tensor] = {}
         for shard in sorted(set(weight_map.values())):
             shard_path = directory / shard
             if not shard_path.is_file():
                 raise FileNotFoundError(f"shard {shard} listed in {index.name} is missing")
-            part = load_file(str(shard_path))
+            part = _load_safetensors(shard_path)
             for name in part:
                 if weight_map.get(name) != shard:
                     raise CheckpointError(f"tensor {name!r} in {shard} is not listed there "
@@ -124,29 +207,49 @@ def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
 
 
 def load_model(path_or_name: str | Path, *, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu") -> DecoderLM:
-    """Load a checkpoint directory (or bundled name) into its family's model, in eval mode."""
+               device: str | torch.device = "cpu", check_finite: bool = True) -> DecoderLM:
+    """Load a checkpoint directory (or bundled name) into its family's model, in eval mode.
+
+    Args:
+        path_or_name: a directory with ``config.json`` and safetensors, or a bundled name.
+        dtype: parameter dtype after loading.
+        device: where the model goes.
+        check_finite: reject NaN / inf weights, naming the tensor (one pass over the weights
+            as stored, before the dtype cast; turn off only to inspect a broken checkpoint).
+
+    Raises: ``CheckpointError`` (a ``ValueError``) naming the file and the fix.
+    """
     directory = resolve_path(path_or_name)
     config = read_config(directory)
-    cls, parse, _ = family_of(config)
-    spec = parse(config)
+    cfg_path = directory / "config.json"
+    cls, _, _ = family_of(config, cfg_path)
+    spec = parse_spec(config, cfg_path)
     with torch.device("meta"):
         model = cls(spec)
     expected = {to_checkpoint_name(cls.names, k): (k, tuple(v.shape))
                 for k, v in model.state_dict().items()}
     tensors = _read_tensors(directory)
     unexpected = sorted(set(tensors) - set(expected))
+    hint = (f"; {cfg_path} declares model_type {config.get('model_type')!r}: is that the "
+            "family these tensors were saved from?")
     if unexpected:
-        raise CheckpointError(f"unexpected tensor(s) for {spec.family}: {unexpected[:5]}")
+        raise CheckpointError(f"{directory}: unexpected tensor(s) for {spec.family}: "
+                              f"{unexpected[:5]}" + hint)
     missing = sorted(set(expected) - set(tensors))
     if missing:
-        raise CheckpointError(f"missing tensor(s) for {spec.family}: {missing[:5]}")
+        raise CheckpointError(f"{directory}: missing tensor(s) for {spec.family}: {missing[:5]}"
+                              + hint)
     state = {}
     for name, (internal, shape) in expected.items():
         t = tensors[name]
         if tuple(t.shape) != shape:
-            raise CheckpointError(f"tensor {name!r} has shape {tuple(t.shape)}, the config "
-                                  f"implies {shape}")
+            raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(t.shape)}, "
+                                  f"{cfg_path.name} implies {shape} (check the head counts, "
+                                  f"head_dim and sizes in it)")
+        if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
+            raise CheckpointError(f"{directory}: tensor {name!r} holds NaN or inf values; the "
+                                  "checkpoint is corrupt (re-save it from a finite model), or "
+                                  "pass check_finite=False to inspect it")
         state[internal] = t.to(dtype)
     model.load_state_dict(state, assign=True)
     return model.to(device=device).eval()

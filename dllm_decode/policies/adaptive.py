@@ -39,6 +39,7 @@ from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, step_score, top1_mask
 from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
 #: dParallel's entropy threshold per model family (released eval scripts: LLaDA ``eval.sh``
@@ -57,6 +58,8 @@ class Threshold:
     ``score`` is any ``ScoreKind``; ``random`` is Fast-dLLM's ``remasking="random"``: the
     confidences are one float32 ``rand([B, fed width])`` per step drawn after the proposal's
     Gumbel noise, so ``rng="reference"`` reproduces the reference's draws.
+    ``tau`` must lie in (0, 1] for probability scores (``prob``, ``margin``, ``random``), be
+    >= 0 for ``logit_margin`` and <= 0 for ``neg_entropy``.
     """
 
     tau: float = 0.9
@@ -65,6 +68,13 @@ class Threshold:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
+        check_fields(self, "Threshold")
+        lo, hi, lo_open = {ScoreKind.PROB: (0.0, 1.0, True), ScoreKind.MARGIN: (0.0, 1.0, True),
+                           ScoreKind.RANDOM: (0.0, 1.0, True),
+                           ScoreKind.LOGIT_MARGIN: (0.0, None, False),
+                           ScoreKind.NEG_ENTROPY: (None, 0.0, False)}[self.score]
+        check_range(f"Threshold(score={self.score.value!r})", "tau", self.tau, lo, hi,
+                    lo_open=lo_open)
 
     def select(self, state: StepState) -> Tensor:
         score = step_score(state, self.score)  # ``random``: float32 uniforms, one draw per step
@@ -90,8 +100,8 @@ class Factor:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
-        if self.factor <= 0:
-            raise ValueError(f"factor must be > 0, got {self.factor}")
+        check_fields(self, "Factor")
+        check_range("Factor", "factor", self.factor, 0.0, lo_open=True)
 
     def select(self, state: StepState) -> Tensor:
         score = step_score(state, self.score)
@@ -125,6 +135,10 @@ class EntropyBounded:
 
     gamma: float = 0.1
     capabilities = Capabilities(budgeted=False)
+
+    def __post_init__(self) -> None:
+        check_fields(self, "EntropyBounded")
+        check_range("EntropyBounded", "gamma", self.gamma, 0.0)
 
     def select(self, state: StepState) -> Tensor:
         h = -state.proposal.neg_entropy.double()
@@ -171,6 +185,11 @@ class EntropyThreshold:
         rows = state.rows.expand(b, -1) if state.rows.dim() == 1 else state.rows
         full.scatter_(1, rows, h)  # repeated (padding) entries carry the same value
         return full
+
+    def __post_init__(self) -> None:
+        check_fields(self, "EntropyThreshold")
+        if self.theta is not None:  # None: the family default, resolved at bind
+            check_range("EntropyThreshold", "theta", self.theta, 0.0)
 
     def select(self, state: StepState) -> Tensor:
         theta = self.theta if self.theta is not None else DPARALLEL_THETA["llada"]

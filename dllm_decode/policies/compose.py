@@ -41,11 +41,12 @@ def _sched(**params: Any) -> Any:
     return SchED(**params)
 
 
-def _prophet(**params: Any) -> Any:
+def _prophet(answer_offset: int = 0, answer_length: int = 5, **params: Any) -> Any:
     from dllm_decode.policies.confidence import TopK
     from dllm_decode.policies.sched import prophet_policy
 
-    return prophet_policy(base=TopK(), **params).stopper
+    return prophet_policy(base=TopK(), answer_offset=answer_offset,
+                          answer_length=answer_length, **params).stopper
 
 
 def _eotp(**params: Any) -> Any:
@@ -170,12 +171,65 @@ def build_part(spec: Any, role: str, params: Mapping[str, Any] | None = None) ->
 
 
 def _construct(factory: Any, params: Mapping[str, Any], spec: str) -> Any:
+    """``factory(**params)`` after the parameter checks (``validate``): unknown names with the
+    closest valid one, number / bool types; the built components' fields are checked too."""
+    from dllm_decode.policies.registry import accepted_by, check_types, components, did_you_mean
+    from dllm_decode.policies.validate import check_fields
+
     if not callable(factory):
         raise TypeError(f"{spec!r} is a {type(factory).__name__}, not a class or factory")
+    params = dict(params)
+    accepted = accepted_by(factory, params) if params else None
+    unknown = sorted(set(params) - set(accepted)) if accepted is not None else []
+    if unknown:
+        raise ValueError(f"bad parameters for {spec!r}: unknown {unknown}; its parameters: "
+                         f"{accepted}{did_you_mean(unknown, accepted)}")
+    if params:
+        check_types(factory, params, repr(spec))
     try:
-        return factory(**params)
+        built = factory(**params)
     except TypeError as err:
         raise ValueError(f"bad parameters for {spec!r}: {err}") from None
+    for comp in components(built):
+        check_fields(comp, f"{spec!r} ({type(comp).__name__})")
+    return built
+
+
+def part_params(spec: Any, role: str, params: Mapping[str, Any] | None = None
+                ) -> list[str] | None:
+    """Parameter names the part ``spec`` (selector / preset, stopper or truncator: a name or an
+    import path) accepts; ``[]`` for objects (configured already); ``None`` if unknown."""
+    from dllm_decode.policies.registry import accepted_by, accepted_params
+
+    if spec is None or not isinstance(spec, str):
+        return []
+    if role == "selector" or is_import_path(spec):
+        return accepted_params(spec, dict(params or {}))
+    factory = (STOPPERS if role == "stopper" else TRUNCATORS).get(spec)
+    return None if factory is None else accepted_by(factory)
+
+
+def unknown_params(policy: Any, params: Mapping[str, Any] | None, *, stopper: Any = None,
+                   truncator: Any = None) -> list[tuple[str, list[str]]]:
+    """``[(flat key, the part's accepted flat names)]`` for every parameter that no part of
+    ``compose(policy, stopper, truncator)`` accepts (parts that accept anything are skipped).
+
+    Raises:
+        ValueError: an unknown prefix (``split_params``).
+    """
+    parts = split_params(params)
+    out = []
+    for role, spec in (("selector", policy), ("stopper", stopper), ("truncator", truncator)):
+        given = parts[role]
+        if not given or spec is None:
+            continue
+        accepted = part_params(spec, role, given)
+        if accepted is None:
+            continue
+        prefix = "" if role == "selector" else f"{role}."
+        out += [(f"{prefix}{k}", [f"{prefix}{a}" for a in accepted])
+                for k in sorted(set(given) - set(accepted))]
+    return out
 
 
 def build_from_path(spec: str, params: Mapping[str, Any]) -> Any:

@@ -37,6 +37,7 @@ from torch import Tensor
 
 from dllm_decode.policies.base import random_scores, step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -56,8 +57,9 @@ class TopK:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
-        if self.alg_temp is not None and self.alg_temp < 0:
-            raise ValueError(f"alg_temp must be >= 0, got {self.alg_temp}")
+        check_fields(self, "TopK")
+        if self.alg_temp is not None:
+            check_range("TopK", "alg_temp", self.alg_temp, 0.0)
 
     def select(self, state: StepState) -> Tensor:
         score = step_score(state, self.score)

@@ -31,6 +31,7 @@ from torch import Tensor
 from dllm_decode.policies.base import top1_mask, topk_mask
 from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import register
+from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import StepState
 
 
@@ -81,6 +82,8 @@ class ExploreThenExploit:
     cross_block: bool | None = None
 
     def __post_init__(self) -> None:
+        check_fields(self, "ExploreThenExploit")
+        check_range("ExploreThenExploit", "tau", self.tau, 0.0, 1.0, lo_open=True)
         if self.lookahead < 0 or self.explore < 0 or self.budget_nats < 0:
             raise ValueError("lookahead, explore and budget_nats must be >= 0")
         if self.cross_block is False:

@@ -30,6 +30,7 @@ from torch import Tensor
 from dllm_decode.policies.base import rank_desc, step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import register
+from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
 #: added inside the logs of the KL, as the reference does (keeps 0 * log 0 finite)
@@ -82,6 +83,10 @@ class KLASS:
     capabilities = Capabilities(needs_logits=True, full_span=True)
 
     def __post_init__(self) -> None:
+        check_fields(self, "KLASS")
+        # > 1 is allowed: no position is ever "ready" (the baseline top-k), as the tests use
+        check_range("KLASS", "conf_threshold", self.conf_threshold, 0.0)
+        check_range("KLASS", "kl_threshold", self.kl_threshold, 0.0)
         if self.history < 1:
             raise ValueError(f"history must be >= 1, got {self.history}")
         if self.unmask_strategy not in _STRATEGIES:
@@ -184,6 +189,8 @@ class CCD:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
+        check_fields(self, "CCD")
+        check_range("CCD", "expand_ratio", self.expand_ratio, 0.0)
         if self.expand_ratio < 0 or self.warm_up < 1:
             raise ValueError("expand_ratio must be >= 0 and warm_up >= 1")
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -388,6 +389,6 @@ def eotp_policy(*, for_model: Any = None, eos_token_ids: tuple[int, ...] | None 
                   name="eotp")
 
 
-register("learn2pd", lambda **kw: learn2pd_policy(**kw))
-register("learn2pd_eot", lambda **kw: learn2pd_policy(eot=True, **kw))
-register("eotp", lambda **kw: eotp_policy(**kw))
+register("learn2pd", learn2pd_policy)
+register("learn2pd_eot", partial(learn2pd_policy, eot=True))
+register("eotp", eotp_policy)

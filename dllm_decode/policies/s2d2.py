@@ -33,6 +33,7 @@ from dllm_decode.policies.base import step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.confidence import TopK
 from dllm_decode.policies.registry import register
+from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, Selection, StepState
 
 
@@ -48,6 +49,9 @@ class DynamicThreshold:
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
+        check_fields(self, "DynamicThreshold")
+        if self.score in (ScoreKind.PROB, ScoreKind.MARGIN):
+            check_range("DynamicThreshold", "tau", self.tau, 0.0, 1.0)
 
     def select(self, state: StepState) -> Tensor:
         score = step_score(state, self.score)

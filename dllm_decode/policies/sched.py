@@ -41,6 +41,7 @@ from torch import Tensor
 from dllm_decode.policies.base import bind_of, init_memory_of
 from dllm_decode.policies.capabilities import Capabilities, capabilities_of
 from dllm_decode.policies.registry import Policy, make_policy, register
+from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import StepState
 
 _MODES = ("linear", "cosine", "exp", "piecewise")
@@ -145,6 +146,7 @@ class SchED:
     stale: str = "skip"
 
     def __post_init__(self) -> None:
+        check_fields(self, "SchED")
         for name, value, valid in (("tau_mode", self.tau_mode, _MODES),
                                    ("stat", self.stat, _STATS),
                                    ("region", self.region, _REGIONS),

@@ -5,8 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from dllm_decode.config import SamplerConfig
-from dllm_decode.policies.compose import compose
+from dllm_decode.samplers.params import build_policy
 from dllm_decode.samplers.sampler import DiffusionSampler
 
 
@@ -22,12 +21,8 @@ def build_sampler(model: Any, policy: Any = "low_confidence", *, stopper: Any = 
             ``policies.compose``).
         cache: cache mode (``None``: the policy's preferred one, else ``"none"``).
         params: flat parameters: ``SamplerConfig`` fields (``steps``, ``window_tokens``, ...)
-            and policy parameters (``tau``, ``stopper.tau_low``, ``truncator.eos_token_ids``).
-        debug: check the commit contract every step.
+            and policy parameters (``tau``, ``stopper.tau_low``, ``truncator.eos_token_ids``),
+            split and checked by ``samplers.params.build_policy`` (as ``DiffusionSampler`` does).
     """
-    params = dict(params or {})
-    names = set(SamplerConfig.field_names())
-    config = {k: v for k, v in params.items() if k in names}
-    rest = {k: v for k, v in params.items() if k not in names}
-    built = compose(policy, stopper=stopper, truncator=truncator, params=rest)
+    config, built = build_policy(policy, params, stopper=stopper, truncator=truncator)
     return DiffusionSampler(model, built, cache=cache, debug=debug, **config)

@@ -13,11 +13,21 @@ from dllm_decode.cache.plans import ForwardPlan, make_plan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.base import check_commit, init_memory_of
 from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
-from dllm_decode.policies.registry import Policy, make_policy
+from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import schedule as sch
+from dllm_decode.samplers.batching import decode_groups, split_rows
+from dllm_decode.samplers.contract import StepGuard
 from dllm_decode.samplers.inputs import check_inputs
+from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker
-from dllm_decode.samplers.step import StepParts, compile_step, post_forward
+from dllm_decode.samplers.step import (
+    SpanMasks,
+    StepParts,
+    bits_per_step,
+    compile_step,
+    post_forward,
+    step_progress,
+)
 from dllm_decode.types import Generation, Impl, StepState
 
 OnStep = Callable[[StepState, Tensor], None]
@@ -59,27 +69,34 @@ class DiffusionSampler:
 
     Args:
         model: any ``DiffusionLM``.
-        policy: a preset name (``make_policy``), a ``Policy`` or a selector object.
+        policy: a preset name (``make_policy``), an import path ``module:Class``, a ``Policy``
+            or a selector object (composition by names: ``samplers.build.build_sampler``).
         cache: ``"none" | "prefix" | "dual" | "block_causal" | "window"`` (``None``: the
             policy's ``preferred_cache``, else ``"none"``).
-        debug: check the commit contract every step (``check_commit``).
-        compile: run each step's work after the forward (propose, select, stop, commit;
-            ``samplers.step.post_forward``) through ``torch.compile(fullgraph=True)``
+        debug: also assert the full commit contract every step (``check_commit``; the cheap
+            part, ``samplers.contract``, is enforced on every run).
+        compile: run each step's work after the forward (propose, select, contract, stop,
+            commit; ``samplers.step.post_forward``) through ``torch.compile(fullgraph=True)``
             (``mode="reduce-overhead"`` on CUDA); a string names the ``torch.compile``
             backend (``True``: Inductor). Tokens equal the eager loop's; ``bits`` may differ
             in the last float32 digits. Not for policies that run extra forwards or draw
             data-dependent shapes (``rng="reference"`` sampling, Dream ``origin``): they raise.
-        **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``).
+        **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``; only
+            with a preset name or an import path), split and checked by
+            ``samplers.params.build_policy``. Unknown names raise ``ValueError`` with the
+            closest valid one.
+
+    Batch invariance: a row's greedy tokens and NFE do not depend on its batch neighbours
+    (block-causal models split ragged batches by block phase, see ``samplers.batching``); with
+    ``temperature > 0`` one generator is shared by the batch unless ``seed`` is a list with one
+    int per row, which decodes every row as it decodes alone with its seed.
     """
 
     def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
                  cache: str | None = None, *, debug: bool = False, compile: bool | str = False,
                  **params: Any) -> None:
-        names = set(SamplerConfig.field_names())
-        cfg_params = {k: v for k, v in params.items() if k in names}
-        policy_params = {k: v for k, v in params.items() if k not in names}
+        cfg_params, self.policy = build_policy(policy, params)  # the one split (with build_sampler)
         self.model = model
-        self.policy = make_policy(policy, **policy_params)
         # the one place the policy's declared capabilities are read and validated
         self.capabilities = policy_capabilities(self.policy.selector, self.policy.stopper,
                                                 self.policy.truncator)
@@ -112,7 +129,7 @@ class DiffusionSampler:
 
         Returns: ``Generation`` (tokens ``[B, P + G]``, per-row NFE, commit steps, bits).
         """
-        cfg = replace(self.config, **overrides) if overrides else self.config
+        cfg = replace_config(self.config, overrides) if overrides else self.config
         model, policy, caps = self.model, self.policy, self.capabilities
         # components may check themselves against the model/config (``bind(model, cfg)``:
         # Learn2PD's filter fingerprint and block length, EoTP's EOS ids) and resolve what
@@ -124,6 +141,10 @@ class DiffusionSampler:
             caps = policy_capabilities(*bound)
         sel_caps = caps.selector
         prompt, valid_prompt = check_inputs(model, prompt_ids, attention_mask, cfg)
+        groups = split_rows(model, valid_prompt, cfg.seed)
+        if groups is not None:  # batch invariance: sub-batches decoded alone, then merged
+            return decode_groups(self.generate, prompt, valid_prompt, groups, on_step=on_step,
+                                 **{k: v for k, v in overrides.items() if k != "seed"})
         b, p = prompt.shape
         g = cfg.gen_length
         length = p + g
@@ -134,7 +155,7 @@ class DiffusionSampler:
         canvas = torch.cat([prompt, torch.full((b, g), mask_id, device=device)], dim=1)
         valid = torch.cat([valid_prompt, torch.ones(b, g, dtype=torch.bool, device=device)], 1)
         positions = model.rope_positions(valid)
-        gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)
+        gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)  # one per batch
         family = getattr(model, "family", "")
         schedule = cfg.schedule or sel_caps.preferred_schedule or (
             "dream" if family == "dream" else "llada")
@@ -153,9 +174,10 @@ class DiffusionSampler:
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
+        guard = StepGuard(b, device, policy.name, exempt_stall=sel_caps.may_commit_nothing)
         if self.compile:  # the compiler fuses the torch reference itself
             maker.impl = Impl.REFERENCE
-        parts = StepParts(maker, selector, stopper, caps.needs_logits,
+        parts = StepParts(maker, selector, stopper, guard, caps.needs_logits,
                           sel_caps.proposes_after_select)
         run_step = self._step_function(caps, cfg, device)
 
@@ -171,7 +193,7 @@ class DiffusionSampler:
         # and commit steps are derived from them after the loop
         commit_at = torch.full((b, length), -1, dtype=torch.long, device=device)
         commit_prob = torch.ones(b, length, dtype=torch.float64, device=device)
-        spans = _SpanMasks(b, length, device)
+        spans = SpanMasks(b, length, device)
         refreshed: list[Tensor] = []  # [B] per step, stacked at the end (no sync)
         step_forwards: list[int] = []  # host counters: model calls per step
         step = forwards = 0
@@ -185,6 +207,7 @@ class DiffusionSampler:
             budgets = None  # LLaDA: the block's whole budget schedule [B, S], once per block
             if steps_per_block and schedule != "dream":
                 budgets = sch.llada_budgets(masked[:, bs:be].sum(1), n_iter)
+            guard.start_block()
             for i in range(n_iter):
                 masked = canvas == mask_id
                 model_canvas = canvas
@@ -192,11 +215,12 @@ class DiffusionSampler:
                     model_canvas = torch.cat([canvas, canvas.masked_fill(prompt_index, mask_id)])
                 need = plan.prepare(model_canvas, i, lo,
                                     final=bool(steps_per_block) and i == n_iter - 1)
-                counts = torch.stack([masked[:, bs:be].sum(), masked.sum()])
                 # the one host sync per step: is anything still masked in this block? (plus
-                # the integers the plan needs to shape its forward)
-                n_left, n_masked, *host = (counts if need is None
-                                           else torch.cat([counts, need])).tolist()
+                # the integers the plan needs to shape its forward, and the contract's flag)
+                counts = [masked[:, bs:be].sum(), masked.sum(), guard.flag()]
+                n_left, n_masked, n_bad, *host = (torch.stack(counts) if need is None else
+                                                  torch.cat([torch.stack(counts), need])).tolist()
+                guard.raise_if(n_bad)
                 if n_left == 0 and not (cfg.exact_steps and steps_per_block):
                     break
                 reach = min(be + lookahead, length)
@@ -226,16 +250,20 @@ class DiffusionSampler:
                 info = dict(
                     step=step, block=blk, block_start=bs, block_end=be, gen_start=p,
                     steps_left=(n_iter - i) if steps_per_block or times is not None else None,
-                    progress=_progress(step / max(total_steps - 1, 1), self.compile, device),
+                    progress=step_progress(step / max(total_steps - 1, 1), self.compile, device),
                     generator=gen,
                     forward_start=fed.fed_start, forward_width=fed.fed_width,
                     times=(times[i], times[i + 1]) if times is not None else None,
                     memory=memory, extras={"n_masked": n_masked, "lengths": lengths,
                                            "refresh": fed.refresh, "total_steps": total_steps},
-                    model=step_model, n_masked=n_masked, refreshed=spans.flag(fed.refresh)
+                    model=step_model, refreshed=spans.flag(fed.refresh)
                     if fed.refreshed is None else fed.refreshed[:b])
+                # the contract's per-step inputs (samplers.contract; see post_forward)
+                ctl = dict(n_masked=n_masked, last=i == n_iter - 1,
+                           stall_limit=min(n_iter, be - bs),
+                           force_end=spans.get(bs, be) if i == n_iter - 1 and lo == p else None)
                 out = run_step(parts, fed, logits, rows, live, canvas, masked, fresh, eligible,
-                               budget, commit_at, commit_prob, info)
+                               budget, commit_at, commit_prob, info, ctl)
                 state, commit, canvas, commit_prob = out.state, out.commit, out.canvas, \
                     out.commit_prob
                 forwards += step_model.calls
@@ -255,7 +283,8 @@ class DiffusionSampler:
                 if on_step is not None:
                     on_step(state, commit)
                 step += 1
-        bits_t = _bits(commit_at, commit_prob, step)
+        guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
+        bits_t = bits_per_step(commit_at, commit_prob, step)
         refreshed_t = (torch.stack(refreshed, 1) if refreshed
                        else torch.zeros(b, 0, dtype=torch.bool, device=device))
         return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
@@ -313,14 +342,6 @@ class DiffusionSampler:
         return [total // n_blocks] * n_blocks
 
 
-def _progress(value: float, compiled: bool | str, device: torch.device) -> float | Tensor:
-    """``StepState.progress``: a float, or under ``compile`` a 0-d float64 tensor (a host
-    float would specialise the compiled step on its value and recompile every step)."""
-    if not compiled:
-        return value
-    return torch.tensor(value, dtype=torch.float64, device=device)
-
-
 def _bind(component: Any, model: Any, cfg: SamplerConfig) -> Any:
     bind = getattr(component, "bind", None)
     return component if bind is None else bind(model, cfg)
@@ -360,49 +381,6 @@ class _StepModel:
 
     def probs(self, logits: Tensor) -> Tensor:
         return self._maker.distribution(logits)
-
-
-class _SpanMasks:
-    """Per-generation memo of ``[B, L]`` masks of canvas spans ``[lo, hi)`` and of ``[B]``
-    constant flags: a block's steps reuse them instead of building them every step.
-    The tensors are shared between steps and must not be written to (``StepState`` is a
-    read-only view)."""
-
-    def __init__(self, batch: int, length: int, device: torch.device) -> None:
-        self.batch, self.length, self.device = batch, length, device
-        self._pos = torch.arange(length, device=device)
-        self._spans: dict[tuple[int, int], Tensor] = {}
-        self._flags: dict[bool, Tensor] = {}
-
-    def get(self, lo: int, hi: int) -> Tensor:
-        """``[B, L]`` bool: ``lo <= position < hi`` (an expanded view; read-only)."""
-        out = self._spans.get((lo, hi))
-        if out is None:
-            one = (self._pos >= lo) & (self._pos < hi)
-            out = self._spans[(lo, hi)] = one[None].expand(self.batch, -1)
-        return out
-
-    def flag(self, value: bool) -> Tensor:
-        """``[B]`` bool filled with ``value`` (read-only)."""
-        out = self._flags.get(value)
-        if out is None:
-            out = self._flags[value] = torch.full((self.batch,), value, device=self.device)
-        return out
-
-
-def _bits(commit_at: Tensor, commit_prob: Tensor, steps: int, chunk: int = 64) -> Tensor:
-    """``[B, steps]`` float64 information committed per step: the sum of ``-log p`` over the
-    positions committed at that step (``commit_at [B, L]``, -1: never; ``commit_prob [B, L]``
-    the probability each was committed with). Computed once after the loop, per step as a
-    masked row sum over the canvas (the same reduction a per-step sum would do)."""
-    b = commit_at.shape[0]
-    nll = -torch.log(commit_prob.double().clamp_min(1e-300))
-    out = [torch.zeros(b, 0, dtype=torch.float64, device=nll.device)]
-    for s0 in range(0, steps, chunk):
-        at = torch.arange(s0, min(s0 + chunk, steps), device=nll.device)
-        hit = commit_at[:, None, :] == at[None, :, None]  # [B, S', L]
-        out.append(torch.where(hit, nll[:, None, :], 0.0).sum(2))
-    return torch.cat(out, 1)
 
 
 def _fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,

@@ -35,6 +35,7 @@ of the block count (the v1 validity rules).
 
 from __future__ import annotations
 
+import difflib
 import hashlib
 import itertools
 import json
@@ -146,17 +147,31 @@ def _as_tuple(value: Any) -> tuple[Any, ...]:
 def _expand_tasks(names: Iterable[str]) -> tuple[str, ...]:
     out: list[str] = []
     for name in names:
+        name = str(name)
         if name == "benchmark":
             out.extend(BENCHMARK_TASKS)
         elif "/" in name:
-            task_spec(name)  # validates
+            try:
+                task_spec(name)  # validates
+            except KeyError:
+                raise ValueError(_unknown_task(name)) from None
             out.append(name)
         else:
             members = [t for t in TASK_SPECS if t.split("/")[0] == name]
             if not members:
-                raise ValueError(f"unknown task or category {name!r}")
+                raise ValueError(_unknown_task(name))
             out.extend(members)
     return tuple(dict.fromkeys(out))
+
+
+def _unknown_task(name: str) -> str:
+    categories = sorted({t.split("/")[0] for t in TASK_SPECS})
+    valid = ["benchmark", *categories, *sorted(TASK_SPECS)]
+    close = difflib.get_close_matches(name, valid, n=1)
+    hint = f" (did you mean {close[0]!r}?)" if close else ""
+    return (f"grid: unknown task or category {name!r}{hint}; valid: 'benchmark', categories "
+            f"{categories}, task ids {sorted(TASK_SPECS)}, or the puzzle variants "
+            "'puzzle/sudoku_n4_<givens>' / 'puzzle/latin_square_n<size>'")
 
 
 def _parse_sweep(raw: Mapping[str, Any], where: str) -> Sweep:
@@ -182,12 +197,50 @@ def _parse_sweep(raw: Mapping[str, Any], where: str) -> Sweep:
         if bad:
             raise ValueError(f"{where}: unknown {role} {bad}; valid: {sorted(table)} or an "
                              "import path 'package.module:ClassName'")
+    clash = sorted(set(map(str, params)) & _SWEEP_KEYS)
+    if clash:
+        raise ValueError(f"{where}: params {clash} are sweep keys (the runner sets them for "
+                         f"every config); give them beside 'params', not inside it")
+    _check_sweep_params(raw, params, where)
     fields_ = {key: _as_tuple(raw[key]) for key in raw if key not in ("policy", "params")}
     return Sweep(
         policy=_as_tuple(raw["policy"]),
         params=tuple(sorted((str(k), _as_tuple(v)) for k, v in params.items())),
         **fields_,
     )
+
+
+def _check_sweep_params(raw: Mapping[str, Any], params: Mapping[str, Any], where: str) -> None:
+    """Unknown policies, and params that no part of a composed sweep (nor ``SamplerConfig``)
+    accepts, fail at grid load (the check ``DiffusionSampler`` / ``build_sampler`` make)."""
+    from dllm_decode.config import SamplerConfig
+    from dllm_decode.policies.compose import unknown_params
+    from dllm_decode.policies.registry import PRESETS, load_optional_presets
+
+    load_optional_presets()
+    first = {str(k): _as_tuple(v)[0] for k, v in params.items()}
+    first = {k: v for k, v in first.items() if k not in SamplerConfig.field_names()}
+    for name in map(str, _as_tuple(raw["policy"])):
+        if not is_import_path(name) and name not in PRESETS:
+            close = difflib.get_close_matches(name, sorted(PRESETS), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise ValueError(f"{where}: unknown policy {name!r}{hint}; valid: {sorted(PRESETS)} "
+                             "or an import path 'package.module:ClassName'")
+        for stopper, truncator in itertools.product(_as_tuple(raw.get("stopper")),
+                                                    _as_tuple(raw.get("truncator"))):
+            try:
+                bad = unknown_params(name, first, stopper=stopper, truncator=truncator)
+            except ValueError:  # an import path that does not load here: checked when built
+                if any(map(is_import_path, (name, stopper, truncator))):
+                    continue
+                raise
+            if bad:
+                unknown = sorted(k for k, _ in bad)
+                accepted = sorted({a for _, valid in bad for a in valid})
+                parts = "".join(f" / {role} {spec!r}" for role, spec in
+                                (("stopper", stopper), ("truncator", truncator)) if spec)
+                raise ValueError(f"{where}: params {unknown} are neither parameters of policy "
+                                 f"{name!r}{parts} ({accepted}) nor SamplerConfig fields")
 
 
 def parse_grid(raw: Mapping[str, Any]) -> Grid:
@@ -221,7 +274,13 @@ def load_grid(path: str | Path) -> Grid:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"grid file not found: {path}")
-    raw = yaml.safe_load(path.read_text()) or {}
+    try:
+        raw = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        at = f" at line {mark.line + 1}, column {mark.column + 1}" if mark is not None else ""
+        problem = getattr(err, "problem", None) or str(err)
+        raise ValueError(f"{path}: invalid YAML{at}: {problem}") from None
     if not isinstance(raw, Mapping):
         raise ValueError(f"{path}: a grid must be a YAML mapping")
     return parse_grid(raw)
