@@ -99,6 +99,7 @@ def cell_rows(env: Any, model_name: str, model: Any, cache: str, family: str,
     for metric, unit, v in (("model_per_step", "ms", o.model_ms),
                             ("loop_per_step", "ms", o.loop_ms),
                             ("loop_ops_per_step", "ops", o.loop_ops),
+                            ("loop_kernels_per_step", "ops", o.loop_kernels),
                             ("steps", "count", o.steps), ("forwards", "count", o.forwards)):
         rows.append({**base, "metric": metric, "unit": unit, "p20": v, "p50": v, "p80": v})
     return rows, o
@@ -176,6 +177,8 @@ def main() -> None:
     ap.add_argument("--compile", action="store_true", help="also DiffusionSampler(compile=True)")
     ap.add_argument("--scaling", action="store_true", help="the G-scaling table only")
     ap.add_argument("--out", type=Path, default=RESULTS / "overhead.csv")
+    ap.add_argument("--baseline", type=Path, default=None,
+                    help="CSV of an earlier run: assert at most half its loop ops per step")
     args = ap.parse_args()
     torch.set_num_threads(1)
     env = environment()
@@ -187,8 +190,9 @@ def main() -> None:
     if not ok:
         print(f"reference comparison skipped: {why}")
     rows: list[dict] = []
-    print("| model | cache | policy | steps | model ms/step | loop ms/step | loop ops/step |")
-    print("|---|---|---|---|---|---|---|")
+    print("| model | cache | policy | steps | model ms/step | loop ms/step | loop ops/step |"
+          " of which kernels |")
+    print("|---|---|---|---|---|---|---|---|")
     for name, bidir, causal in models(args.models):
         for cache in args.caches:
             model = causal if cache == "block_causal" else bidir
@@ -199,9 +203,32 @@ def main() -> None:
                     rows += rs
                     tag = f"{name}{'+compile' if compile_ else ''}"
                     print(f"| {tag} | {cache} | {family} | {o.steps} | {o.model_ms:.3f} | "
-                          f"{o.loop_ms:.3f} | {o.loop_ops:.1f} |", flush=True)
+                          f"{o.loop_ms:.3f} | {o.loop_ops:.1f} | {o.loop_kernels:.1f} |",
+                          flush=True)
     write_csv(rows, args.out)
     plot(rows, args.out.with_suffix(".png"))
+    if args.baseline is not None:
+        check_against(rows, args.baseline)
+
+
+def check_against(rows: list[dict], baseline: Path) -> None:
+    """Print after/before loop ops per step per cell; exit 1 if any cell keeps > half."""
+    import csv
+
+    key = ("name", "cache", "policy", "G")
+    before = {tuple(str(r[k]) for k in key): float(r["p50"]) for r in csv.DictReader(
+        baseline.open()) if r["metric"] == "loop_ops_per_step"}
+    worst = 0.0
+    for r in rows:
+        k = tuple(str(r[c]) for c in key)
+        if r["metric"] == "loop_ops_per_step" and k in before:
+            ratio = float(r["p50"]) / before[k]
+            worst = max(worst, ratio)
+            print(f"{' '.join(k)}: {before[k]:.1f} -> {float(r['p50']):.1f} ops/step "
+                  f"({ratio:.2f})")
+    print(f"worst after/before: {worst:.2f} (target <= 0.50)")
+    if worst > 0.5:
+        raise SystemExit(1)
 
 
 if __name__ == "__main__":

@@ -7,9 +7,10 @@ with the canvas) and everything else. ``measure_overhead`` decodes once without 
 (times) and once under ``torch.profiler`` (ops), and returns per-step numbers:
 
 * ``model_ms`` / ``loop_ms``: thread CPU ms per step inside / outside the model forward;
-* ``loop_ops``: top-level aten ops per step outside the model forward (every op is a kernel
-  launch on a GPU), from the profiler's op tree; the forward is marked with a
-  ``record_function`` so its ops are excluded.
+* ``loop_ops``: top-level aten ops per step outside the model forward, from the profiler's
+  op tree (the forward is marked with a ``record_function`` so its ops are excluded);
+  ``loop_kernels``: the same without view / metadata ops (``slice``, ``unsqueeze``,
+  ``expand``, ...), i.e. the ops that launch a kernel on a GPU.
 
 Thread CPU time (``time.thread_time``) is immune to pre-emption but not to memory-bandwidth
 contention; op counts are hardware independent. Everything here is for benchmarks: it syncs
@@ -30,6 +31,11 @@ import torch.nn.functional as F
 from dllm_decode.cache.kv import BlockKVCache
 
 MODEL_LABEL = "dllm_decode.model_forward"
+#: aten ops that only make views or read metadata (no kernel launch on a GPU)
+VIEW_OPS = frozenset(f"aten::{n}" for n in (
+    "slice", "select", "unsqueeze", "squeeze", "expand", "expand_as", "view", "unbind", "alias",
+    "as_strided", "t", "transpose", "permute", "narrow", "resolve_conj", "resolve_neg",
+    "lift_fresh", "detach", "_unsafe_view", "split", "chunk", "unflatten", "view_as"))
 
 
 @dataclass
@@ -144,6 +150,7 @@ class Overhead:
     model_ms: float
     loop_ms: float
     loop_ops: float
+    loop_kernels: float
     refresh_ms: float
     attention_ms: float
     total_s: float
@@ -183,5 +190,6 @@ def measure_overhead(make_sampler: Callable[[Any], Any], model: Any, prompt: tor
     per = max(steps, 1)
     return Overhead(steps=steps, forwards=forwards, model_ms=1e3 * clock.total / per,
                     loop_ms=1e3 * (total - clock.total) / per, loop_ops=ops / per,
+                    loop_kernels=sum(n for k, n in top.items() if k not in VIEW_OPS) / per,
                     refresh_ms=1e3 * clock.refresh / per,
                     attention_ms=1e3 * clock.attention / per, total_s=total, top_ops=top)

@@ -177,7 +177,13 @@ class ForwardPlan:
             if start // size == (end - 1) // size and not (
                     self.causal_prefix and start < self.boundary):
                 return self.valid & (keys < (start // size + 1) * size)[None]
-        allowed = self._structure(self._arange(start, end), keys)
+        if self.model.attention == "block_causal" and not self.causal_prefix:
+            # rows of the canvas-wide structure, built once per generation ([L, L] bool)
+            if ("structure",) not in self._memo:
+                self._memo[("structure",)] = self._structure(keys, keys)
+            allowed = self._memo[("structure",)][start:end]
+        else:
+            allowed = self._structure(self._arange(start, end), keys)
         if allowed is None:
             return None if self.dense else self.valid
         return self.valid[:, None, :].expand(-1, end - start, -1) & allowed

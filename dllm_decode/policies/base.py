@@ -87,7 +87,11 @@ def rank_desc(score: Tensor, eligible: Tensor) -> Tensor:
 
 def topk_mask(score: Tensor, eligible: Tensor, k: Tensor) -> Tensor:
     """Commit the ``k [B]`` best eligible positions per row (no host sync)."""
-    return eligible & (rank_desc(score, eligible) < k[:, None])
+    neg = torch.finfo(score.dtype).min if score.is_floating_point() else -(2**62)
+    order = torch.sort(torch.where(eligible, score, neg), dim=-1, descending=True,
+                       stable=True).indices
+    # ranks as in ``rank_desc``; its push of ineligible entries is moot under ``& eligible``
+    return eligible & (torch.argsort(order, dim=-1) < k[:, None])
 
 
 def top1_mask(score: Tensor, eligible: Tensor) -> Tensor:

@@ -200,13 +200,12 @@ class DiffusionSampler:
         total_steps = sum(block_steps) if block_steps else g
 
         for blk, (bs, be, aligned) in enumerate(layout):
-            masked = canvas == mask_id
             steps_per_block = block_steps[blk] if block_steps else None
             n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
             budgets = None  # LLaDA: the block's whole budget schedule [B, S], once per block
             if steps_per_block and schedule != "dream":
-                budgets = sch.llada_budgets(masked[:, bs:be].sum(1), n_iter)
+                budgets = sch.llada_budgets((canvas[:, bs:be] == mask_id).sum(1), n_iter)
             guard.start_block()
             for i in range(n_iter):
                 masked = canvas == mask_id
@@ -259,7 +258,7 @@ class DiffusionSampler:
                     model=step_model, refreshed=spans.flag(fed.refresh)
                     if fed.refreshed is None else fed.refreshed[:b])
                 # the contract's per-step inputs (samplers.contract; see post_forward)
-                ctl = dict(n_masked=n_masked, last=i == n_iter - 1,
+                ctl = dict(n_masked=n_masked, active=active, last=i == n_iter - 1,
                            stall_limit=min(n_iter, be - bs),
                            force_end=spans.get(bs, be) if i == n_iter - 1 and lo == p else None)
                 out = run_step(parts, fed, logits, rows, live, canvas, masked, fresh, eligible,

@@ -75,7 +75,8 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
         commit_at: ``[B, L]`` int64 step of each commit (-1: none), written in place.
         commit_prob: ``[B, L]`` float64 probability each position was committed with.
         info: the remaining ``StepState`` fields (``step``, ``block``, ... ``model``).
-        ctl: ``n_masked`` (int, masked positions of the batch), and the contract's inputs:
+        ctl: ``n_masked`` (int, masked positions of the batch), ``active`` (``[B]`` rows
+            with an eligible position), and the contract's inputs:
             ``last`` (the block's last step), ``stall_limit`` (a block's worth of steps),
             ``force_end`` (``[B, L]`` bool block mask on a last step that commits every
             eligible position left, else ``None``).
@@ -93,7 +94,7 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     guard = parts.guard
     guard.check_shape(commit, eligible)
     guard.observe(info["step"], prop, live, eligible, budget, commit, ctl["stall_limit"],
-                  last=ctl["last"])
+                  last=ctl["last"], expected=ctl["active"])
     if ctl["force_end"] is not None:  # force_block_end (prompt masks: LLaDA's carry-over)
         commit = commit | (eligible & ctl["force_end"])
     selected = commit
