@@ -42,8 +42,11 @@ def confidence_stats(logits: Tensor) -> dict[str, Tensor]:
     z = logits if logits.dtype == torch.float32 else logits.float()
     lse = torch.logsumexp(z, dim=-1)
     top2 = torch.topk(z, k=min(2, z.shape[-1]), dim=-1).values
-    z1 = top2[..., 0]
-    z2 = top2[..., 1] if z.shape[-1] > 1 else torch.full_like(z1, -math.inf)
+    if z.shape[-1] > 1:
+        z1, z2 = top2.unbind(-1)
+    else:
+        z1 = top2[..., 0]
+        z2 = torch.full_like(z1, -math.inf)
     logp = z - lse[..., None]
     neg_entropy = (logp.exp() * logp.clamp_min(_NEG)).sum(-1)
     p1, p2 = (z1 - lse).exp(), (z2 - lse).exp()

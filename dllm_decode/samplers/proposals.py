@@ -167,28 +167,29 @@ def put(base: Tensor, rows: Tensor, x: Tensor, live: Tensor | None = None) -> Te
 
 
 def widen(prop: Proposal, canvas: Tensor, rows: Tensor, live: Tensor | None = None,
-          span: tuple[int, int] | None = None) -> Proposal:
+          span: tuple[int, int] | None = None, span_mask: Tensor | None = None) -> Proposal:
     """Scatter a ``[B, R]`` proposal into ``[B, L]`` (unscored positions: current token, 0).
 
     ``rows`` is ``[R]`` (shared) or ``[B, R]`` (per row, see ``take``); ``live [B, R]``
     selects the entries written (``None``: all). ``span=(lo, hi)`` says ``rows`` is
-    ``arange(lo, hi)``: the four float fields are then written with one slice copy into one
-    fresh ``[4, B, L]`` buffer (a handful of ops instead of a scatter per field).
+    ``arange(lo, hi)``: the four float fields are then zero-padded to the canvas in one op,
+    and the tokens placed with one select against ``span_mask`` (``[B, L]`` bool, True on
+    the span; a few ops instead of a scatter per field).
     """
     floats = (prop.prob, prop.margin, prop.logit_margin, prop.neg_entropy)
     if span is not None and live is None and all(f.dtype == prop.prob.dtype for f in floats):
         lo, hi = span
-        full = prop.prob.new_zeros((4, *canvas.shape))
-        full[:, :, lo:hi] = torch.stack(floats)
-        prob, margin, logit_margin, neg_entropy = full.unbind(0)
-        tokens = canvas.clone()
-        tokens[:, lo:hi] = prop.tokens
-        argmax = None
-        if prop.argmax is not None:
-            argmax = canvas.clone()
-            argmax[:, lo:hi] = prop.argmax
-        return Proposal(tokens=tokens, prob=prob, margin=margin, logit_margin=logit_margin,
-                        neg_entropy=neg_entropy, argmax=argmax)
+        pad = (lo, canvas.shape[1] - hi)  # zero-pad [.., R] to the canvas [.., L]
+        prob, margin, logit_margin, neg_entropy = F.pad(torch.stack(floats), pad).unbind(0)
+
+        def tok(x: Tensor) -> Tensor:
+            if span_mask is not None:
+                return torch.where(span_mask, F.pad(x, pad), canvas)
+            return torch.cat([canvas[:, :lo], x, canvas[:, hi:]], dim=1)
+
+        return Proposal(tokens=tok(prop.tokens), prob=prob, margin=margin,
+                        logit_margin=logit_margin, neg_entropy=neg_entropy,
+                        argmax=None if prop.argmax is None else tok(prop.argmax))
 
     def put_(x: Tensor, base: Tensor) -> Tensor:
         return put(base, rows, x, live)

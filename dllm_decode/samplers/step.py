@@ -83,7 +83,7 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     """
     maker = parts.maker
     prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"])
-    full_prop = widen(prop, canvas, rows, live, span=fed.span)
+    full_prop = widen(prop, canvas, rows, live, span=fed.span, span_mask=fresh)
     state = StepState(proposal=full_prop, eligible=eligible, masked=masked, fresh=fresh,
                       canvas=canvas, budget=budget, rows=rows,
                       logits=logits if parts.needs_logits else None,
