@@ -128,3 +128,15 @@ def test_inductor_step_is_token_identical(family):
     torch._dynamo.reset()
     out = DiffusionSampler(model, family, compile=True, **kw, **params).generate(prompt)
     assert torch.equal(out.tokens, ref.tokens) and torch.equal(out.nfe, ref.nfe)
+
+
+@pytest.mark.slow
+def test_many_compiled_samplers_in_one_process():
+    """Each sampler compiles its own copy of the step: policies and cache modes decoded one
+    after another in a process do not share (and exhaust) one recompile budget."""
+    model = tiny_model("llada")
+    for family in FAMILIES:
+        for cache in ("none", "dual"):
+            ref = _sampler(model, cache, family).generate(PROMPT)
+            out = _sampler(model, cache, family, compile="eager").generate(PROMPT)
+            assert torch.equal(out.tokens, ref.tokens)

@@ -13,6 +13,7 @@ one host sync per step and the optional truncation / EOS fill / callbacks around
 
 from __future__ import annotations
 
+import types
 from dataclasses import dataclass
 from typing import Any
 
@@ -122,7 +123,11 @@ def compile_step(device: torch.device, backend: str = "inductor") -> Any:
     ``mode="reduce-overhead"`` (CUDA graphs). ``backend``: any ``torch.compile`` backend
     (``"eager"`` checks the capture without code generation)."""
     mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
-    return torch.compile(post_forward, fullgraph=True, backend=backend, mode=mode)
+    # a fresh code object per sampler: Dynamo's recompile budget (and cache) is per code
+    # object, and every sampler (policy x cache mode) needs a few graphs of its own
+    fn = types.FunctionType(post_forward.__code__.replace(), post_forward.__globals__,
+                            "post_forward")
+    return torch.compile(fn, fullgraph=True, backend=backend, mode=mode)
 
 
 class SpanMasks:
