@@ -78,7 +78,8 @@ class DiffusionSampler:
         compile: run each step's work after the forward (propose, select, contract, stop,
             commit; ``samplers.step.post_forward``) through ``torch.compile(fullgraph=True)``
             (``mode="reduce-overhead"`` on CUDA); a string names the ``torch.compile``
-            backend (``True``: Inductor). Tokens equal the eager loop's; ``bits`` may differ
+            backend (``True``: Inductor). Compiled once per sampler, on the first
+            ``generate`` (reuse the sampler). Tokens equal the eager loop's; ``bits`` may differ
             in the last float32 digits. Not for policies that run extra forwards or draw
             data-dependent shapes (``rng="reference"`` sampling, Dream ``origin``): they raise.
         **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``; only
