@@ -1,8 +1,9 @@
 """dllm-decode: fast parallel decoding for masked diffusion language models.
 
 Public API: ``DiffusionSampler``, ``SamplerConfig``, ``Generation``, ``load_model``,
-``make_policy``; for writing and composing policies ``Policy``, ``Capabilities``,
-``StepState``, ``check_policy``; for pictures of a decode ``plot_decoding``.
+``load_tokenizer``, ``generate_text`` (+ ``TextGeneration``), ``make_policy``; for writing
+and composing policies ``Policy``, ``Capabilities``, ``StepState``, ``check_policy``; for
+pictures of a decode ``plot_decoding``.
 """
 
 from dllm_decode.config import SamplerConfig
@@ -12,9 +13,12 @@ from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import Policy, make_policy
 from dllm_decode.samplers.check import check_policy
 from dllm_decode.samplers.sampler import DiffusionSampler
+from dllm_decode.text import TextGeneration, generate_text
+from dllm_decode.tokenizer import load_tokenizer
 from dllm_decode.types import Generation, StepState
 
 __version__ = "0.1.0"
 
 __all__ = ["Capabilities", "DiffusionSampler", "Generation", "Policy", "SamplerConfig",
-           "StepState", "check_policy", "load_model", "make_policy", "plot_decoding"]
+           "StepState", "TextGeneration", "check_policy", "generate_text", "load_model",
+           "load_tokenizer", "make_policy", "plot_decoding"]

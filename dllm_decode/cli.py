@@ -1,4 +1,4 @@
-"""``dllm-decode``: generate | eval | bench | train."""
+"""``dllm-decode``: generate | eval | bench | train | doctor."""
 
 from __future__ import annotations
 
@@ -7,8 +7,6 @@ import sys
 import time
 from collections.abc import Sequence
 from typing import Any
-
-import torch
 
 from dllm_decode.policies.compose import STOPPERS, TRUNCATORS
 from dllm_decode.policies.registry import PRESETS, load_optional_presets
@@ -33,9 +31,16 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
-def load_model_and_tokenizer(name: str | None, seed: int = 0) -> tuple[Any, Any, str]:
-    """(model, tokenizer, description) for ``--model`` (directory or bundled name)."""
+def load_model_and_tokenizer(name: str | None, seed: int = 0, *, dtype: str = "auto",
+                             device: str | None = None,
+                             revision: str | None = None) -> tuple[Any, Any, str]:
+    """(model, tokenizer, description) for ``--model``: a directory, bundled name or Hub id.
+
+    A checkpoint without a tokenizer gets ``ByteTokenizer``. Without ``--model`` and without
+    the bundled default, a seeded random LLaDA-like model stands in.
+    """
     from dllm_decode.models.loading import ASSETS, build_model, load_model, resolve_path
+    from dllm_decode.tokenizer import load_tokenizer
 
     if name is None and not (ASSETS / DEFAULT_MODEL).is_dir():
         cfg = {"model_type": "llada", "d_model": 64, "n_layers": 2, "n_heads": 4,
@@ -43,22 +48,20 @@ def load_model_and_tokenizer(name: str | None, seed: int = 0) -> tuple[Any, Any,
                "mask_token_id": 259, "eos_token_id": 258, "max_sequence_length": 1024}
         model = build_model(cfg, seed=seed, init_std=0.5)
         return model, ByteTokenizer(260), f"random LLaDA-like model (seed {seed})"
-    path = resolve_path(name or DEFAULT_MODEL)
-    model = load_model(path)
-    if (path / "tokenizer.json").is_file():
-        from dllm_decode.tokenizer import load_tokenizer
-
-        return model, load_tokenizer(path), str(path)
-    return model, ByteTokenizer(model.vocab_size), str(path)
+    name = name or DEFAULT_MODEL
+    model = load_model(name, revision=revision, dtype=dtype, device=device)
+    path = resolve_path(name, revision=revision)
+    if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
+        return model, load_tokenizer(path), str(name)
+    return model, ByteTokenizer(model.vocab_size), str(name)
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
     """Chat template when the tokenizer has one, else plain encoding."""
-    if getattr(tokenizer, "chat_template", None):
-        rendered = tokenizer.apply_chat_template([{"role": "user", "content": text}],
-                                                 add_generation_prompt=True, tokenize=False)
-        return list(tokenizer(rendered, add_special_tokens=False)["input_ids"])
-    return list(tokenizer.encode(text))
+    from dllm_decode.text import encode_prompts
+
+    ids, _ = encode_prompts(tokenizer, text)
+    return ids[0].tolist()
 
 
 def _policy_params(pairs: list[str]) -> dict[str, Any]:
@@ -92,33 +95,33 @@ def _reject_sampler_params(params: dict[str, Any]) -> None:
 
 def cmd_generate(args: argparse.Namespace) -> int:
     from dllm_decode.samplers.build import build_sampler
+    from dllm_decode.text import generate_text
 
     _check_policy_name(args.policy)
-    model, tok, desc = load_model_and_tokenizer(args.model, args.seed)
-    ids = encode_prompt(tok, args.prompt)
     params = _policy_params(args.param)
     _reject_sampler_params(params)
+    model, tok, desc = load_model_and_tokenizer(args.model, args.seed, dtype=args.dtype,
+                                                device=args.device, revision=args.revision)
     params.update(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
                   temperature=args.temperature, seed=args.seed, stop_at_eos=args.stop_at_eos)
     sampler = build_sampler(model, args.policy, stopper=args.stopper, truncator=args.truncator,
                             cache=args.cache, params=params)
-    prompt = torch.tensor([ids])
     on_step = None
     live = None
     if args.show:
         from dllm_decode.show import CanvasView
 
-        live = CanvasView(tok, model.mask_token_id, len(ids))
+        live = CanvasView(tok, model.mask_token_id, len(encode_prompt(tok, args.prompt)))
         on_step = live.update
     start = time.perf_counter()
     with live if live is not None else _nullcontext():
-        out = sampler.generate(prompt, on_step=on_step)
+        result = generate_text(sampler, tok, args.prompt, on_step=on_step)
     elapsed = time.perf_counter() - start
+    out = result.generation
     answer = out.answer[0].tolist()
-    eos = set(model.eos_token_ids)
-    useful = next((i for i, t in enumerate(answer) if t in eos), len(answer))
-    text = tok.decode(answer[:useful]) if hasattr(tok, "decode") else str(answer[:useful])
-    print(text)
+    stops = set(result.stop_token_ids)
+    useful = next((i for i, t in enumerate(answer) if t in stops), len(answer))
+    print(result.texts[0])
     nfe = int(out.nfe[0])
     if args.plot:
         _plot(out, args.plot, tok)
@@ -161,7 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
     gen = sub.add_parser("generate", help="decode one prompt")
     gen.add_argument("prompt")
     gen.add_argument("--model", default=None,
-                     help=f"checkpoint directory or bundled name (default: {DEFAULT_MODEL})")
+                     help=f"checkpoint directory, Hub id (org/name) or bundled name "
+                          f"(default: {DEFAULT_MODEL})")
+    gen.add_argument("--revision", default=None, help="Hub branch, tag or commit")
+    gen.add_argument("--dtype", default="auto",
+                     choices=["auto", "float32", "bfloat16", "float16"],
+                     help="auto: the checkpoint's torch_dtype (float32 if it has none)")
+    gen.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
     gen.add_argument("--policy", default="low_confidence", metavar="NAME|MODULE:CLASS",
                      help=f"a preset ({', '.join(sorted(PRESETS))}) or a class by import "
                           "path, e.g. my_pkg.rules:TopTwo or examples/my_policy.py:NoNeighbours")
@@ -200,6 +209,9 @@ def build_parser() -> argparse.ArgumentParser:
         add_train_subcommands = None
     if add_train_subcommands is not None:
         add_train_subcommands(sub)
+    from dllm_decode.doctor import add_doctor_subcommand
+
+    add_doctor_subcommand(sub)
     try:
         from dllm_decode.bench import add_bench_subcommand
     except ImportError:

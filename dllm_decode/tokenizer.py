@@ -165,13 +165,47 @@ def build_tokenizer(out_dir: str | Path, texts: Iterable[str] | None = None,
     return save_tokenizer(tok, out_dir)
 
 
-def load_tokenizer(path: str | Path | None = None):
-    """A ``PreTrainedTokenizerFast`` from ``path`` (default: the bundled tiny tokenizer)."""
-    from transformers import PreTrainedTokenizerFast
+def load_tokenizer(name_or_path: str | Path | None = None, *, revision: str | None = None,
+                   local_files_only: bool | None = None, token: str | bool | None = None):
+    """A Hugging Face tokenizer from a directory, a bundled checkpoint name or a Hub id.
 
-    directory = Path(path) if path is not None else BUNDLED_TOKENIZER
-    if not (directory / "tokenizer.json").is_file():
+    Args:
+        name_or_path: directory with ``tokenizer.json`` / ``tokenizer_config.json``, a bundled
+            name (``"tiny-llada"``), or a Hub id (only tokenizer files, ``config.json`` and
+            ``generation_config.json`` are fetched). ``None``: the bundled tiny tokenizer.
+        revision, local_files_only, token: as for ``load_model`` (Hub ids only).
+
+    Returns a ``PreTrainedTokenizerFast`` (or the class ``tokenizer_config.json`` names;
+    remote code is never run).
+    """
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    from dllm_decode.models.hub import TOKENIZER_PATTERNS, looks_like_hub_id
+    from dllm_decode.models.loading import resolve_path
+
+    if name_or_path is None:
+        directory = BUNDLED_TOKENIZER
+    elif Path(name_or_path).is_dir() or looks_like_hub_id(name_or_path) or \
+            "/" not in str(name_or_path):
+        directory = resolve_path(name_or_path, revision=revision, patterns=TOKENIZER_PATTERNS,
+                                 local_files_only=local_files_only, token=token,
+                                 purpose="tokenizer")
+    else:
+        directory = Path(name_or_path)
+    has_fast = (directory / "tokenizer.json").is_file()
+    if not has_fast and not (directory / "tokenizer_config.json").is_file():
         raise FileNotFoundError(
-            f"{directory} has no tokenizer.json; build one with "
+            f"{directory} has no tokenizer.json (nor tokenizer_config.json); pass the checkpoint "
+            f"directory or Hub id that ships the tokenizer, or build one with "
             f"dllm_decode.tokenizer.build_tokenizer(out_dir)")
-    return PreTrainedTokenizerFast.from_pretrained(str(directory))
+    cfg_path = directory / "tokenizer_config.json"
+    cls_name = json.loads(cfg_path.read_text()).get("tokenizer_class") if cfg_path.is_file() \
+        else None
+    if has_fast and cls_name in (None, "PreTrainedTokenizerFast"):
+        return PreTrainedTokenizerFast.from_pretrained(str(directory))
+    try:
+        return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
+    except (ValueError, KeyError, OSError) as err:
+        if not has_fast:
+            raise ValueError(f"could not load the tokenizer in {directory}: {err}") from err
+        return PreTrainedTokenizerFast.from_pretrained(str(directory))

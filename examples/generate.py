@@ -1,34 +1,53 @@
-"""Minimal end to end: load a model, decode one prompt with a policy, print NFE and TPF.
+"""Minimal end to end: load a model and its tokenizer, decode prompts as text, print NFE.
 
-    python examples/generate.py                       # bundled default (or a seeded stand-in)
-    python examples/generate.py --model DIR --policy threshold --cache dual
+    python examples/generate.py                                  # bundled tiny-llada, CPU
+    python examples/generate.py --model GSAI-ML/LLaDA-8B-Instruct --device cuda \\
+        --policy threshold --cache dual --prompt "Why is the sky blue?" --gen-length 256
+
+The default prompts are Waiting Line tasks in the format the bundled checkpoints were trained
+on (they are task models, not chat models): the answer is the list, copied.
 """
 
 from __future__ import annotations
 
 import argparse
 
-import torch
+from dllm_decode import DiffusionSampler, generate_text, load_model, load_tokenizer
 
-from dllm_decode import DiffusionSampler
-from dllm_decode.cli import encode_prompt, load_model_and_tokenizer
+#: the training prompt format of the bundled checkpoints (ParallelBench Waiting Line, copy)
+WAITING_LINE = (
+    "You are managing a waiting line at a customer service desk.\n"
+    "You need to record the following people in the order they arrived:\n"
+    "{people}\n"
+    "Please copy the list exactly and provide only the final list.\n"
+)
+PROMPTS = [
+    WAITING_LINE.format(people='["Maya Doyle", "Ivan Bennett", "Pedro Lindqvist"]'),
+    WAITING_LINE.format(people='["Ivan Bennett", "Maya Doyle"]'),
+]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--model", default=None)
+    ap.add_argument("--model", default="tiny-llada", help="directory, Hub id or bundled name")
+    ap.add_argument("--dtype", default="auto")
+    ap.add_argument("--device", default=None)
     ap.add_argument("--policy", default="low_confidence")
     ap.add_argument("--cache", default="none")
-    ap.add_argument("--prompt", default='Please copy the list: ["Ann Lee", "Bo Kim"]')
+    ap.add_argument("--gen-length", type=int, default=32)
+    ap.add_argument("--block-length", type=int, default=None)
+    ap.add_argument("--prompt", action="append", default=None, help="repeat for a batch")
     args = ap.parse_args()
-    model, tok, desc = load_model_and_tokenizer(args.model)
-    prompt = torch.tensor([encode_prompt(tok, args.prompt)])
-    sampler = DiffusionSampler(model, args.policy, cache=args.cache, gen_length=32,
-                               block_length=8)
-    out = sampler.generate(prompt)
-    print(desc)
-    print(tok.decode(out.answer[0].tolist()))
-    print(f"NFE {int(out.nfe[0])}, tokens/forward {32 / int(out.nfe[0]):.2f}")
+    model = load_model(args.model, dtype=args.dtype, device=args.device)
+    tok = load_tokenizer(args.model)
+    block = args.block_length or (model.block_size or args.gen_length)
+    sampler = DiffusionSampler(model, args.policy, cache=args.cache, gen_length=args.gen_length,
+                               block_length=block)
+    out = generate_text(sampler, tok, args.prompt or PROMPTS)
+    for text in out.texts:
+        print(text)
+    nfe = out.generation.nfe.tolist()
+    print(f"NFE per prompt {nfe}, tokens/forward {args.gen_length / max(nfe):.2f}")
 
 
 if __name__ == "__main__":

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+from pathlib import Path
 from typing import Any
 
 from dllm_decode.models import build_model
@@ -37,3 +40,21 @@ def tiny_config(family: str, **overrides: Any) -> dict[str, Any]:
 def tiny_model(family: str = "llada", seed: int = 0, init_std: float = 0.5, **overrides: Any):
     """A tiny random model with spread-out confidences (large init, as the fixtures use)."""
     return build_model(tiny_config(family, **overrides), seed=seed, init_std=init_std)
+
+
+def lay_out_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39 + "1",
+                  ref: str = "main") -> Path:
+    """Lay ``source``'s files out as a Hub cache entry, as huggingface_hub writes it:
+    ``models--org--name/{blobs, snapshots/<commit>, refs/<ref>}``, snapshot files being
+    symlinks to content-addressed blobs. Returns the snapshot directory."""
+    root = cache / ("models--" + repo_id.replace("/", "--"))
+    snap = root / "snapshots" / commit
+    snap.mkdir(parents=True, exist_ok=True)
+    (root / "blobs").mkdir(exist_ok=True)
+    for i, f in enumerate(sorted(source.iterdir())):
+        blob = root / "blobs" / f"{commit[:8]}{i:04d}{f.name.encode().hex()[:16]}"
+        shutil.copy(f, blob)
+        (snap / f.name).symlink_to(os.path.relpath(blob, snap))
+    (root / "refs").mkdir(exist_ok=True)
+    (root / "refs" / ref).write_text(commit)
+    return snap

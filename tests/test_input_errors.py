@@ -49,6 +49,28 @@ def test_truncated_safetensors_names_the_file(saved: Path) -> None:
         load_model(saved)
 
 
+def test_sharded_checkpoint_errors_name_the_shard_and_tensor(tmp_path: Path) -> None:
+    """The shard-at-a-time reader keeps the checks: a truncated shard is named (before any
+    tensor data is read), a NaN in a later shard names its tensor, an invalid index its line."""
+    path = save_model(tiny_model("sdar", seed=1), tmp_path / "s", max_shard_bytes=20_000)
+    shards = sorted(path.glob("model-*.safetensors"))
+    assert len(shards) > 2
+    last = load_file(str(shards[-1]))
+    name = sorted(last)[-1]
+    last[name].view(-1)[-1] = float("inf")
+    save_file(last, str(shards[-1]))
+    with pytest.raises(CheckpointError, match=f"{name}.*NaN or inf"):
+        load_model(path)
+    load_model(path, check_finite=False)
+    data = shards[1].read_bytes()
+    shards[1].write_bytes(data[: len(data) - 7])
+    with pytest.raises(CheckpointError, match=rf"{shards[1].name}: cannot read.*truncated"):
+        load_model(path)
+    (path / "model.safetensors.index.json").write_text('{"weight_map": {,}}')
+    with pytest.raises(CheckpointError, match=r"index\.json: invalid JSON at line 1"):
+        load_model(path)
+
+
 def test_invalid_json_names_file_and_line(saved: Path) -> None:
     text = (saved / "config.json").read_text().splitlines()
     text[3] = text[3] + ",,"

@@ -190,3 +190,28 @@ def test_readme_grid_scores_above_zero_on_the_bundled_model(tmp_path: Path,
     rows = [json.loads(line) for line in Path(summary.rows_path).read_text().splitlines()]
     copy = [r["score"] for r in rows if r["task"] == "waiting_line/copy"]
     assert copy and sum(copy) > 0
+
+
+def test_slots_put_every_list_item_at_a_fixed_offset_from_answer() -> None:
+    oracle = waiting_line_oracle()
+    answer_id, first = oracle.token_id["<answer>"], oracle.token_id["["]
+    for length in (3, 4, 5):
+        rec = waiting_line_records("copy", 1, length=length)[0]
+        ids = oracle.encode_prompt("copy", rec)
+        assert len(ids) - ids.index(first) == 2 * oracle.slots + 2  # "[" .. fill, <answer>
+        assert ids[-1] == answer_id
+        assert oracle.parse_prompt(ids)[1] == tuple(json.loads(rec["input"]["context"]))
+    with pytest.raises(ValueError, match="slots"):
+        type(oracle)(TESTBED_NAMES[:10], max_items=3, slots=4)
+
+
+def test_scrambled_copy_warm_up_matches_the_slot_geometry() -> None:
+    from dllm_decode.train.distill import DistillConfig, make_batch
+
+    oracle = waiting_line_oracle()
+    cfg = DistillConfig(scramble_steps=10, scramble_fixed=10, scramble_items=11)
+    tokens, valid, masked, targets, p = make_batch(cfg, oracle, 0)
+    span = tokens[:, p - 12:p - 1]  # the 11 tokens before <answer>
+    assert torch.equal(targets[:, :11].argmax(-1), span)  # copy at offset 12, as in tasks
+    assert (tokens[:, p - 1] == oracle.token_id["<answer>"]).all()
+    assert masked.any(-1).all()

@@ -6,7 +6,11 @@
   An explicit ``"triton"`` never falls back: it raises if the kernel cannot launch.
 * ``auto``: Triton only when a compiled kernel can really launch for the tensor's device
   (CUDA tensor, ``triton`` importable, active driver, interpreter off), else the reference.
-  Resolved once per device type and logged once. CPU tensors never import Triton.
+  Resolved once per device type and logged once. CPU tensors never import Triton. The first
+  time ``auto`` sends an op to Triton on a device (per dtype), the op is compared once with
+  the reference on a small input (``kernels.selfcheck``); on a mismatch or an error it warns,
+  naming the op and the error, and that op uses the reference from then on.
+* ``DLLM_DECODE_KERNELS=auto|reference|triton`` overrides what ``auto`` resolves to.
 
 Triton is imported lazily (never at module top), so ``import dllm_decode`` works without it.
 """
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from types import ModuleType
 
 import torch
@@ -36,6 +41,8 @@ from dllm_decode.types import Impl, Proposal
 logger = logging.getLogger(__name__)
 
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+#: environment variable overriding what ``impl="auto"`` resolves to (see ``kernels_env``)
+ENV_VAR = "DLLM_DECODE_KERNELS"
 
 
 def _backend() -> ModuleType:
@@ -83,28 +90,73 @@ def _require_triton(device: torch.device) -> None:
         raise RuntimeError("impl='triton' cannot launch: Triton found no active GPU driver")
 
 
-def resolve_impl(impl: Impl | str, device: torch.device) -> Impl:
+def triton_status(device: torch.device) -> str | None:
+    """How Triton kernels run on ``device``: ``"compiled"``, ``"interpreter"`` or ``None``."""
+    try:
+        backend = _backend()
+    except RuntimeError:
+        return None
+    if backend.INTERPRETED:
+        return "interpreter" if torch.device(device).type == "cpu" else None
+    return "compiled" if torch.device(device).type == "cuda" and backend.driver_ready() else None
+
+
+def kernels_env() -> Impl | None:
+    """``DLLM_DECODE_KERNELS`` (read on every call): what ``impl="auto"`` resolves to.
+
+    ``auto`` or unset: the device decides (with the first-use self-check); ``reference``: the
+    torch reference everywhere; ``triton``: Triton wherever the op supports the input, as if
+    asked explicitly (raises if it cannot launch, never falls back, no self-check).
+    """
+    raw = os.environ.get(ENV_VAR, "").strip().lower()
+    if raw in ("", "auto"):
+        return None
+    if raw not in ("reference", "triton"):
+        raise ValueError(f"{ENV_VAR}={raw!r} is not valid; use auto, reference or triton")
+    return Impl(raw)
+
+
+def resolve_impl(impl: Impl | str, device: torch.device, *, ops: tuple[str, ...] = (),
+                 dtype: torch.dtype | None = None) -> Impl:
     """``auto`` -> Triton when a kernel can launch on ``device``, else the torch reference.
 
-    Explicit ``"triton"`` is checked and raises ``RuntimeError`` if it cannot launch.
+    ``DLLM_DECODE_KERNELS`` overrides what ``auto`` resolves to (see ``kernels_env``). When
+    ``auto`` picks Triton by itself, each op in ``ops`` is first compared once with the
+    reference on a small ``dtype`` input on this device (``selfcheck``); any failure warns and
+    resolves to the reference from then on. Explicit ``"triton"`` is checked and raises
+    ``RuntimeError`` if it cannot launch.
     """
     impl = Impl(impl)
+    device = torch.device(device)
     if impl is Impl.AUTO:
-        return _auto(torch.device(device).type)
+        forced = kernels_env()
+        if forced is Impl.REFERENCE:
+            return Impl.REFERENCE
+        if forced is Impl.TRITON:
+            _require_triton(device)
+            return Impl.TRITON
+        choice = _auto(device.type)
+        if choice is Impl.TRITON and ops:
+            from dllm_decode.kernels import selfcheck
+
+            if not all(selfcheck.passed(op, device, dtype or torch.float32) for op in ops):
+                return Impl.REFERENCE
+        return choice
     if impl is Impl.TRITON:
-        _require_triton(torch.device(device))
+        _require_triton(device)
     return impl
 
 
-def _choose(impl: Impl | str, device: torch.device, unsupported: str | None) -> Impl:
-    """Resolve ``impl``; ``unsupported`` (a reason) sends ``auto`` to the reference and makes an
-    explicit ``"triton"`` raise."""
+def _choose(impl: Impl | str, device: torch.device, unsupported: str | None, op: str,
+            dtype: torch.dtype) -> Impl:
+    """Resolve ``impl`` for ``op``; ``unsupported`` (a reason) sends ``auto`` to the reference
+    and makes an explicit ``"triton"`` raise."""
     if unsupported is not None:
         if Impl(impl) is Impl.TRITON:
             raise NotImplementedError(f"impl='triton' does not support {unsupported}")
         if Impl(impl) is Impl.AUTO:
             return Impl.REFERENCE
-    return resolve_impl(impl, device)
+    return resolve_impl(impl, device, ops=(op,), dtype=dtype)
 
 
 def _dtype_issue(*tensors: Tensor | None) -> str | None:
@@ -132,7 +184,8 @@ def confidence_stats(logits: Tensor, active: Tensor | None = None, *,
     """
     check_logits(logits)
     check_active(active, logits)
-    if _choose(impl, logits.device, _dtype_issue(logits)) is Impl.REFERENCE:
+    if _choose(impl, logits.device, _dtype_issue(logits), "confidence_stats",
+               logits.dtype) is Impl.REFERENCE:
         return mask_inactive_stats(reference.confidence_stats(logits), active)
     token, _, out = _backend().vocab_pass(logits, stats=True, active=active)
     shape = logits.shape[:-1]
@@ -171,7 +224,8 @@ def gumbel_sample(logits: Tensor, temperature: float, seed: int | Tensor = 0, of
     check_active(active, logits)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
-    if _choose(impl, logits.device, _dtype_issue(logits)) is Impl.REFERENCE:
+    if _choose(impl, logits.device, _dtype_issue(logits), "gumbel_sample",
+               logits.dtype) is Impl.REFERENCE:
         return reference.gumbel_sample(logits, temperature, seed, offset, active, noise)
     if noise is not None and noise.shape != logits.shape:
         raise ValueError(f"noise must have the logits shape {tuple(logits.shape)}, got "
@@ -207,7 +261,7 @@ def kv_write_(k_cache: Tensor, v_cache: Tensor, k_new: Tensor, v_new: Tensor, po
     """
     check_kv_write(k_cache, v_cache, k_new, v_new, cos, sin)
     issue = _dtype_issue(k_cache, v_cache, k_new, v_new)
-    if _choose(impl, k_cache.device, issue) is Impl.REFERENCE:
+    if _choose(impl, k_cache.device, issue, "kv_write_", k_cache.dtype) is Impl.REFERENCE:
         reference.kv_write_(k_cache, v_cache, k_new, v_new, pos, cos, sin)
     else:
         _backend().kv_write_(k_cache, v_cache, k_new, v_new, pos, cos, sin)
@@ -272,7 +326,7 @@ def block_attention(
         issue = "mixed query/key dtypes"
     kwargs = dict(k_new=k_new, v_new=v_new, q_start=q_start, new_mask=new_mask,
                   kv_mask=kv_mask, sm_scale=sm_scale, return_lse=return_lse)
-    if _choose(impl, q.device, issue) is Impl.REFERENCE:
+    if _choose(impl, q.device, issue, "block_attention", q.dtype) is Impl.REFERENCE:
         return reference.block_attention(q, k_cache, v_cache, kv_start, kv_end, **kwargs)
     out, lse = _backend().block_attention(q, k_cache, v_cache, kv_start, kv_end, **kwargs)
     return AttentionOutput(out, lse)
@@ -297,13 +351,15 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
         unsupported = "sampling='categorical' (top-p/top-k need a sort; use the reference)"
     else:
         unsupported = _dtype_issue(logits)
-    if _choose(impl, logits.device, unsupported) is Impl.REFERENCE or sampling != "gumbel":
+    chosen = _choose(impl, logits.device, unsupported, "propose", logits.dtype)
+    if chosen is Impl.REFERENCE or sampling != "gumbel":
         return reference.propose(logits, temperature=temperature, sampling=sampling, top_p=top_p,
                                  top_k=top_k, noise=noise, generator=generator)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     check_logits(logits)
     backend = _backend()
+    argmax = None
     if temperature == 0:
         token, _, out = backend.vocab_pass(logits, stats=True)
         tokens, prob = token, out[1]
@@ -314,13 +370,17 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
         elif noise.shape != logits.shape:
             raise ValueError(f"noise must have the logits shape {tuple(logits.shape)}, got "
                              f"{tuple(noise.shape)}")
-        _, tokens, out = backend.vocab_pass(logits, stats=True, temperature=temperature,
-                                            seed=seed, noise=noise)
+        # the same pass keeps the un-noised argmax: ``Proposal.greedy`` must be the argmax
+        # (stoppers and history policies commit it) even when ``tokens`` are sampled
+        argmax, tokens, out = backend.vocab_pass(logits, stats=True, temperature=temperature,
+                                                 seed=seed, noise=noise)
         prob = out[5]
     shape = logits.shape[:-1]
     return Proposal(tokens=tokens.view(shape), prob=prob.view(shape), margin=out[2].view(shape),
-                    logit_margin=out[3].view(shape), neg_entropy=out[4].view(shape))
+                    logit_margin=out[3].view(shape), neg_entropy=out[4].view(shape),
+                    argmax=None if argmax is None else argmax.view(shape))
 
 
-__all__ = ["AttentionOutput", "GumbelSample", "block_attention", "confidence_stats",
-           "gumbel_sample", "kv_write_", "propose", "resolve_impl"]
+__all__ = ["ENV_VAR", "AttentionOutput", "GumbelSample", "block_attention", "confidence_stats",
+           "gumbel_sample", "kernels_env", "kv_write_", "propose", "resolve_impl",
+           "triton_status"]

@@ -3,6 +3,7 @@
 from dllm_decode.models.base import DecoderLM, DiffusionLM, ModelSpec
 from dllm_decode.models.block import BlockDiffusionModel
 from dllm_decode.models.dream import DreamModel
+from dllm_decode.models.hub import HubError
 from dllm_decode.models.llada import LLaDAModel
 from dllm_decode.models.loading import (
     CheckpointError,
@@ -14,7 +15,7 @@ from dllm_decode.models.loading import (
 )
 
 __all__ = [
-    "BlockDiffusionModel", "CheckpointError", "DecoderLM", "DiffusionLM", "DreamModel",
+    "BlockDiffusionModel", "CheckpointError", "DecoderLM", "DiffusionLM", "DreamModel", "HubError",
     "LLaDAModel", "ModelSpec", "build_model", "bundled_models", "load_model",
     "register_auto_config", "save_model",
 ]

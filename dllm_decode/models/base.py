@@ -215,12 +215,24 @@ class MLP(nn.Module):
 
 
 class Layer(nn.Module):
+    """Pre-norm block: ``h + attn(norm(h))``, then ``h + mlp(norm(h))``.
+
+    One module with a ``forward`` so that device-placement engines (accelerate's dispatch
+    hooks) can move a block's inputs to the block's device.
+    """
+
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.attn_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.attn = Attention(spec)
         self.mlp_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.mlp = MLP(spec)
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, index: int,
+                cache: BlockKVCache | None, slots: Tensor, store: bool, impl: Impl) -> Tensor:
+        """``h [B, N, hidden]`` -> ``[B, N, hidden]``; ``index`` is this layer's cache row."""
+        h = h + self.attn(self.attn_norm(h), cos, sin, mask, index, cache, slots, store, impl)
+        return h + self.mlp(self.mlp_norm(h))
 
 
 class DecoderLM(nn.Module):
@@ -276,6 +288,17 @@ class DecoderLM(nn.Module):
     def family(self) -> str:
         return self.spec.family
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the weights (``load_model(dtype=...)``)."""
+        return self.head.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the input embedding (where token ids go; ``device_map`` may spread the
+        rest)."""
+        return self.embed.weight.device
+
     def rope_positions(self, valid: Tensor) -> Tensor:
         """Canvas validity ``[B, L]`` (False = left padding) -> RoPE positions ``[B, L]``.
 
@@ -288,6 +311,11 @@ class DecoderLM(nn.Module):
     def new_cache(self, batch_size: int, max_len: int) -> BlockKVCache:
         """A preallocated K/V cache for this model (model dtype and device)."""
         p = self.head.weight
+        devices = {q.device for q in self.parameters()}
+        if len(devices) > 1:
+            raise ValueError(f"a K/V cache needs the whole model on one device; this model is "
+                             f"spread over {sorted(map(str, devices))} (device_map): decode "
+                             f"with cache='none', or load it on one device")
         s = self.spec
         return BlockKVCache(s.num_layers, batch_size, s.num_kv_heads, max_len, s.head_dim,
                             dtype=p.dtype, device=p.device)
@@ -330,11 +358,11 @@ class DecoderLM(nn.Module):
             mask = block_causal_mask(positions, positions, self.spec.block_size)
         h = self.embed(tokens)
         cos, sin = rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta)
-        impl = kernels.resolve_impl(self.attn_impl, h.device) if cache is not None \
+        impl = kernels.resolve_impl(self.attn_impl, h.device, dtype=h.dtype,
+                                    ops=("kv_write_", "block_attention")) if cache is not None \
             else Impl.REFERENCE
         for i, layer in enumerate(self.layers):
-            h = h + layer.attn(layer.attn_norm(h), cos, sin, mask, i, cache, slots, store, impl)
-            h = h + layer.mlp(layer.mlp_norm(h))
+            h = layer(h, cos, sin, mask, i, cache, slots, store, impl)
         h = self.norm(h)
         if self.spec.logit_shift:
             h = torch.cat((h[:, :1], h[:, :-1]), dim=1)

@@ -27,6 +27,7 @@ import hashlib
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import lru_cache
 
 import torch
 from torch import Tensor
@@ -86,13 +87,20 @@ class Calibration:
         if self.temperature != 1:
             logits = logits / self.temperature
         if self.noise > 0:
-            key = hashlib.sha256(f"{self.seed}:{list(prompt)}".encode()).hexdigest()
-            gen = torch.Generator().manual_seed(int(key[:15], 16))
-            eps = torch.randn(probs.shape[1:], generator=gen, dtype=torch.float64)
+            eps = _noise(self.seed, tuple(prompt), tuple(probs.shape[1:]))
             logits = logits + torch.where(masked[..., None], self.noise * eps.to(probs.device),
                                           torch.zeros((), dtype=logits.dtype,
                                                       device=logits.device))
         return logits
+
+
+@lru_cache(maxsize=2048)
+def _noise(seed: int, prompt: tuple[int, ...], shape: tuple[int, ...]) -> Tensor:
+    """Standard normal noise ``shape`` (float64) drawn from a generator keyed on
+    ``(seed, prompt)``: the same for every step, row and batch that shares the prompt."""
+    key = hashlib.sha256(f"{seed}:{list(prompt)}".encode()).hexdigest()
+    gen = torch.Generator().manual_seed(int(key[:15], 16))
+    return torch.randn(shape, generator=gen, dtype=torch.float64)
 
 
 def confusion_partners(vocab: Sequence[str], first_name: int) -> tuple[Tensor, Tensor]:

@@ -1,14 +1,17 @@
 """Load and save models: ``config.json`` + ``model.safetensors`` (or a sharded index).
 
-``load_model(path_or_name)`` reads the real release formats by ``model_type`` ("llada",
+``load_model(name_or_path)`` reads the real release formats by ``model_type`` ("llada",
 "Dream", "sdar") and checks every tensor name and shape against the architecture, naming the
 offending tensor in the error. Bundled checkpoints under ``models/assets/<name>`` resolve by
-name (``load_model("tiny-llada")``).
+name (``load_model("tiny-llada")``), Hub ids through the Hub cache (``models.hub``); dtype,
+device and device maps are chosen in ``models.placement``; files are read one tensor at a time
+(``models.weights``).
 
 Every problem with the files is a ``CheckpointError`` naming the file and the fix: unreadable
 (truncated / corrupt) safetensors, invalid JSON (with line and column), a ``model_type`` whose
 fields or tensor names do not match, token ids outside the vocabulary, inconsistent head
-counts, and (``check_finite=True``, the default) NaN / inf weights.
+counts, and (``check_finite=True``, the default) NaN / inf weights. Hub ids whose snapshot
+lacks a file raise ``HubError`` instead.
 
 A changed head count is caught whenever it changes a tensor shape (Qwen-style configs record
 ``head_dim`` and ``num_key_value_heads``, so ``q_proj`` / ``k_proj`` / the q/k-norm weights
@@ -28,12 +31,28 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from dllm_decode.models.base import DecoderLM, ModelSpec, to_checkpoint_name
 from dllm_decode.models.block import BlockDiffusionModel, sdar_config, sdar_spec
 from dllm_decode.models.dream import DreamModel, dream_config, dream_spec
+from dllm_decode.models.hub import (
+    MODEL_PATTERNS,
+    check_model_snapshot,
+    looks_like_hub_id,
+    snapshot,
+)
 from dllm_decode.models.llada import LLaDAModel, llada_config, llada_spec
+from dllm_decode.models.placement import (
+    check_dtype_runs,
+    device_for,
+    dispatch,
+    infer_device_map,
+    resolve_device,
+    resolve_dtype,
+)
+from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_names
+from dllm_decode.models.weights import check_finite as check_tensor_finite
 
 ASSETS = Path(__file__).parent / "assets"
 
@@ -45,10 +64,6 @@ FAMILIES: dict[str, tuple[type[DecoderLM], Callable[[dict], ModelSpec], Callable
 }
 
 
-class CheckpointError(ValueError):
-    """A checkpoint directory that does not match the architecture it declares."""
-
-
 def bundled_models() -> list[str]:
     """Names of the checkpoints shipped under ``models/assets``."""
     if not ASSETS.is_dir():
@@ -56,16 +71,26 @@ def bundled_models() -> list[str]:
     return sorted(p.name for p in ASSETS.iterdir() if (p / "config.json").is_file())
 
 
-def resolve_path(path_or_name: str | Path) -> Path:
-    """A directory path, or the name of a bundled checkpoint."""
-    p = Path(path_or_name)
+def resolve_path(name_or_path: str | Path, *, revision: str | None = None,
+                 local_files_only: bool | None = None, token: str | bool | None = None,
+                 patterns: tuple[str, ...] = MODEL_PATTERNS, purpose: str = "model") -> Path:
+    """A directory path, the name of a bundled checkpoint, or a Hub id (``"org/name"``).
+
+    A Hub id resolves to its snapshot in the Hub cache, fetching only ``patterns`` when
+    downloads are allowed (see ``models.hub``); errors are ``HubError``.
+    """
+    p = Path(name_or_path)
     if p.is_dir():
         return p
-    if (ASSETS / str(path_or_name)).is_dir():
-        return ASSETS / str(path_or_name)
+    if (ASSETS / str(name_or_path)).is_dir():
+        return ASSETS / str(name_or_path)
+    if looks_like_hub_id(name_or_path):
+        return snapshot(str(name_or_path), revision=revision, patterns=patterns,
+                        local_files_only=local_files_only, token=token, purpose=purpose)
     raise FileNotFoundError(
-        f"no model directory {str(path_or_name)!r}; pass a directory with config.json and "
-        f"model.safetensors, or a bundled name: {bundled_models() or 'none bundled'}"
+        f"no model directory {str(name_or_path)!r}; pass a directory with config.json and "
+        f"model.safetensors, a Hub id 'org/name', or a bundled name: "
+        f"{bundled_models() or 'none bundled'}"
     )
 
 
@@ -73,33 +98,7 @@ def read_config(directory: Path) -> dict[str, Any]:
     cfg_path = directory / "config.json"
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{directory} has no config.json")
-    return _read_json(cfg_path)
-
-
-def _read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; ``CheckpointError`` with the line and column if invalid."""
-    try:
-        data = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise CheckpointError(f"{path}: invalid JSON at line {err.lineno}, column {err.colno} "
-                              f"({err.msg}); fix that line or re-save the checkpoint with "
-                              "save_model") from None
-    except UnicodeDecodeError as err:
-        raise CheckpointError(f"{path}: not a UTF-8 text file ({err.reason}); is it the right "
-                              "file?") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
-    return data
-
-
-def _load_safetensors(path: Path) -> dict[str, torch.Tensor]:
-    """``load_file`` with the file named when it cannot be read."""
-    try:
-        return load_file(str(path))
-    except Exception as err:  # noqa: BLE001 - SafetensorError / OSError: name the file
-        raise CheckpointError(f"{path}: cannot read safetensors ({type(err).__name__}: {err}); "
-                              "the file is truncated or corrupt: download or save it "
-                              "again") from None
+    return read_json(cfg_path)
 
 
 def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
@@ -179,80 +178,88 @@ def family_of(config: dict[str, Any], where: Path | str = "config"
     return FAMILIES[mt]
 
 
-def _read_tensors(directory: Path) -> dict[str, torch.Tensor]:
-    single = directory / "model.safetensors"
-    index = directory / "model.safetensors.index.json"
-    if single.is_file():
-        return _load_safetensors(single)
-    if index.is_file():
-        weight_map = _read_json(index).get("weight_map", {})
-        tensors: dict[str, torch.Tensor] = {}
-        for shard in sorted(set(weight_map.values())):
-            shard_path = directory / shard
-            if not shard_path.is_file():
-                raise FileNotFoundError(f"shard {shard} listed in {index.name} is missing")
-            part = _load_safetensors(shard_path)
-            for name in part:
-                if weight_map.get(name) != shard:
-                    raise CheckpointError(f"tensor {name!r} in {shard} is not listed there "
-                                          f"by {index.name}")
-            tensors.update(part)
-        missing = set(weight_map) - set(tensors)
-        if missing:
-            raise CheckpointError(f"tensors listed in {index.name} but absent: "
-                                  f"{sorted(missing)[:5]}")
-        return tensors
-    raise FileNotFoundError(f"{directory} has neither model.safetensors nor "
-                            f"model.safetensors.index.json")
+def _place(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """Cast/move one tensor; the result owns its memory (never a view of the mapped file)."""
+    out = t.to(device=device, dtype=dtype)
+    return out.clone() if out.data_ptr() == t.data_ptr() and device.type == "cpu" else out
 
 
-def load_model(path_or_name: str | Path, *, dtype: torch.dtype = torch.float32,
-               device: str | torch.device = "cpu", check_finite: bool = True) -> DecoderLM:
-    """Load a checkpoint directory (or bundled name) into its family's model, in eval mode.
+def load_model(name_or_path: str | Path, *, revision: str | None = None,
+               dtype: str | torch.dtype = "auto", device: str | torch.device | None = None,
+               device_map: str | dict[str, Any] | None = None,
+               local_files_only: bool | None = None, token: str | bool | None = None,
+               check_finite: bool = True) -> DecoderLM:
+    """Load a checkpoint into its family's model, in eval mode.
 
     Args:
-        path_or_name: a directory with ``config.json`` and safetensors, or a bundled name.
-        dtype: parameter dtype after loading.
-        device: where the model goes.
-        check_finite: reject NaN / inf weights, naming the tensor (one pass over the weights
-            as stored, before the dtype cast; turn off only to inspect a broken checkpoint).
+        name_or_path: a directory (``config.json`` + safetensors, sharded or not), a bundled
+            name (``"tiny-llada"``) or a Hub id (``"GSAI-ML/LLaDA-8B-Instruct"``; only config,
+            generation config, safetensors and tokenizer files are fetched).
+        revision: Hub branch, tag or commit (Hub ids only; default ``main``).
+        dtype: ``"auto"`` = the config's ``torch_dtype`` (float32 when absent; bf16 on CPU
+            works but is slow: pass ``torch.float32`` there), or a dtype / ``"bf16"`` etc.
+        device: where the weights go (``None``: CPU). Each tensor is read from its shard
+            straight to this device and dtype; nothing is materialised twice on the host.
+        device_map: instead of ``device``: ``{module prefix: device}`` or ``"auto"`` etc.,
+            resolved and dispatched by accelerate (see ``models.placement``).
+        local_files_only: Hub ids: never use the network (``None``: when ``HF_HUB_OFFLINE``).
+        token: Hub token for gated / private repositories (``None``: ``HF_TOKEN`` / login).
+        check_finite: reject NaN / inf weights, naming the tensor (checked per tensor as it
+            is read, in the stored dtype before the cast, with one min/max reduction; turn off
+            only to inspect a broken checkpoint).
 
-    Raises: ``CheckpointError`` (a ``ValueError``) naming the file and the fix.
+    Raises: ``FileNotFoundError`` (``HubError`` for Hub ids) for missing files,
+    ``CheckpointError`` (a ``ValueError``) naming the file and the fix when the files are
+    unreadable or do not match the architecture, ``ValueError`` for a dtype or device that
+    cannot be used here.
     """
-    directory = resolve_path(path_or_name)
+    hub = not Path(name_or_path).is_dir() and not (ASSETS / str(name_or_path)).is_dir() and \
+        looks_like_hub_id(name_or_path)
+    directory = resolve_path(name_or_path, revision=revision, local_files_only=local_files_only,
+                             token=token)
+    if hub:
+        check_model_snapshot(directory, str(name_or_path))
     config = read_config(directory)
     cfg_path = directory / "config.json"
     cls, _, _ = family_of(config, cfg_path)
     spec = parse_spec(config, cfg_path)
+    target = resolve_dtype(dtype, config)
+    if device_map is not None and device is not None:
+        raise ValueError("pass either device or device_map, not both")
     with torch.device("meta"):
         model = cls(spec)
+    placement = infer_device_map(model, device_map, target) if device_map is not None else None
+    dev = resolve_device(device)
+    for d in set(placement.values()) if placement else {dev}:
+        check_dtype_runs(target, d)
     expected = {to_checkpoint_name(cls.names, k): (k, tuple(v.shape))
                 for k, v in model.state_dict().items()}
-    tensors = _read_tensors(directory)
-    unexpected = sorted(set(tensors) - set(expected))
+    names = tensor_names(directory)  # headers only: name checks before any data is read
     hint = (f"; {cfg_path} declares model_type {config.get('model_type')!r}: is that the "
             "family these tensors were saved from?")
+    unexpected = sorted(set(names) - set(expected))
     if unexpected:
         raise CheckpointError(f"{directory}: unexpected tensor(s) for {spec.family}: "
                               f"{unexpected[:5]}" + hint)
-    missing = sorted(set(expected) - set(tensors))
+    missing = sorted(set(expected) - set(names))
     if missing:
         raise CheckpointError(f"{directory}: missing tensor(s) for {spec.family}: {missing[:5]}"
                               + hint)
-    state = {}
-    for name, (internal, shape) in expected.items():
-        t = tensors[name]
+    state: dict[str, torch.Tensor] = {}
+    for name, t in iter_tensors(sorted(set(names.values())), dev):
+        internal, shape = expected[name]
         if tuple(t.shape) != shape:
             raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(t.shape)}, "
                                   f"{cfg_path.name} implies {shape} (check the head counts, "
                                   f"head_dim and sizes in it)")
-        if check_finite and t.is_floating_point() and not bool(torch.isfinite(t).all()):
-            raise CheckpointError(f"{directory}: tensor {name!r} holds NaN or inf values; the "
-                                  "checkpoint is corrupt (re-save it from a finite model), or "
-                                  "pass check_finite=False to inspect it")
-        state[internal] = t.to(dtype)
+        if check_finite:
+            check_tensor_finite(t, name, directory)
+        where = device_for(internal, placement) if placement else dev
+        state[internal] = _place(t, target, where)
+        del t
     model.load_state_dict(state, assign=True)
-    return model.to(device=device).eval()
+    model.eval()
+    return dispatch(model, placement) if placement else model
 
 
 def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int | None = None,

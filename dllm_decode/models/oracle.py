@@ -14,7 +14,9 @@ Vocabulary (word level, so one token per list item and the closed forms hold exa
 * one token per task (``<copy>``, ``<reverse>``, ...), ``[``, ``]``, ``,``;
 * index tokens ``<0>`` .. ``<max_items>``; one token per full name ("First Last").
 
-Prompt: ``<task> [<index>] [word] [ name , name , ... ] <answer>`` (left padding allowed).
+Prompt: ``<task> [<index>] [word] [ name , name , ... ] <answer>`` (left padding allowed);
+with ``slots=S`` the list is followed by ``2 (S - n)`` ``<fill>`` tokens, so every list item
+sits at a fixed offset from ``<answer>`` whatever its length n.
 Answer: ``[ name , ... , name ]`` followed by ``<eos>`` up to the generation length.
 
 Conditioning on an impossible canvas (committed tokens that no valid answer matches, which
@@ -48,10 +50,12 @@ TASK_NAMES: Final = (
 NEG_LOGIT: Final = -1.0e9
 #: the calibrated oracle's floor probability for impossible tokens (log = -13.8)
 CALIBRATED_FLOOR: Final = 1.0e-6
+#: prompts whose answer tables an oracle keeps (oldest dropped first)
+TABLE_CACHE: Final = 4096
 #: shuffle answers are enumerated (n! - 1 of them); beyond this list length that is too many
 MAX_SHUFFLE_ITEMS: Final = 8
 
-PAD, EOS, MASK, ANSWER = "<pad>", "<eos>", "<mask>", "<answer>"
+PAD, EOS, MASK, ANSWER, FILL = "<pad>", "<eos>", "<mask>", "<answer>", "<fill>"
 OPEN, CLOSE, SEP = "[", "]", ","
 
 
@@ -140,10 +144,12 @@ class WaitingLineOracle(nn.Module):
     logit_shift: int = 0
 
     def __init__(self, names: Iterable[str], *, max_items: int = 16,
-                 max_length: int = 1024, calibration: Calibration | None = None) -> None:
+                 max_length: int = 1024, calibration: Calibration | None = None,
+                 slots: int | None = None) -> None:
         super().__init__()
         names = list(dict.fromkeys(names))
-        specials = [PAD, EOS, MASK, ANSWER, *(f"<{t}>" for t in TASK_NAMES), OPEN, CLOSE, SEP]
+        specials = [PAD, EOS, MASK, ANSWER, *(f"<{t}>" for t in TASK_NAMES), OPEN, CLOSE, SEP,
+                    FILL]
         indices = [f"<{i}>" for i in range(max_items + 1)]
         clash = set(names) & set(specials + indices)
         if clash:
@@ -156,6 +162,10 @@ class WaitingLineOracle(nn.Module):
         self._index_of = {self.token_id[t]: i for i, t in enumerate(indices)}
         self._first_name = len(specials) + len(indices)
         self.calibration = calibration or Calibration()
+        self._tables: dict[tuple[tuple[int, ...], int], Tensor] = {}
+        if slots is not None and not 1 <= slots <= max_items:
+            raise ValueError(f"slots must lie in [1, max_items={max_items}], got {slots}")
+        self.slots = slots
         self._names, self._partners = confusion_partners(self.vocab, self._first_name)
         self.register_buffer("_anchor", torch.zeros(0), persistent=False)
 
@@ -167,7 +177,7 @@ class WaitingLineOracle(nn.Module):
                           confusion=confusion, seed=seed)
         names = self.vocab[self._first_name:]
         return WaitingLineOracle(names, max_items=self.max_items, max_length=self._max_length,
-                                 calibration=cal)
+                                 calibration=cal, slots=self.slots)
 
     @classmethod
     def from_records(cls, records: Iterable[Mapping[str, Any]], **kwargs: Any
@@ -220,7 +230,12 @@ class WaitingLineOracle(nn.Module):
             ids.append(self.token_id[f"<{index}>"])
         if word is not None:
             ids.append(self._name_id(word))
-        return ids + self.encode_items(items) + [self.token_id[ANSWER]]
+        fill = []
+        if self.slots is not None:  # fixed-width list region: the list ends at a fixed offset
+            if len(items) > self.slots:
+                raise ValueError(f"{len(items)} items exceed the prompt's {self.slots} slots")
+            fill = [self.token_id[FILL]] * (2 * (self.slots - len(items)))
+        return ids + self.encode_items(items) + fill + [self.token_id[ANSWER]]
 
     def encode_items(self, items: Sequence[str]) -> list[int]:
         """``[ a , b , ... ]`` as ids."""
@@ -282,6 +297,8 @@ class WaitingLineOracle(nn.Module):
         rest = list(ids[start + 1:])
         if rest and rest[-1] == self.token_id[ANSWER]:
             rest = rest[:-1]
+        while rest and rest[-1] == self.token_id[FILL]:
+            rest = rest[:-1]
         index = self._index_of.get(rest[0]) if rest else None
         if index is not None:
             rest = rest[1:]
@@ -294,11 +311,19 @@ class WaitingLineOracle(nn.Module):
         return task, items, word, index
 
     def answer_table(self, prompt_ids: Sequence[int], gen_length: int) -> Tensor:
-        """Every valid answer of a prompt as ids ``[M, G]`` (EOS-padded)."""
-        task, items, word, index = self.parse_prompt(prompt_ids)
-        answers = valid_answers(task, items, word, index)
-        return torch.tensor([self.encode_answer(a, gen_length) for a in answers],
-                            dtype=torch.long)
+        """Every valid answer of a prompt as ids ``[M, G]`` (EOS-padded; memoised per prompt,
+        the returned tensor must not be modified)."""
+        key = (tuple(prompt_ids), gen_length)
+        table = self._tables.get(key)
+        if table is None:
+            task, items, word, index = self.parse_prompt(prompt_ids)
+            answers = valid_answers(task, items, word, index)
+            table = torch.tensor([self.encode_answer(a, gen_length) for a in answers],
+                                 dtype=torch.long)
+            if len(self._tables) >= TABLE_CACHE:
+                self._tables.pop(next(iter(self._tables)))
+            self._tables[key] = table
+        return table
 
     def marginals(self, answers: Tensor, canvas: Tensor) -> Tensor:
         """Exact per-position conditionals for canvases that share one prompt.

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 from torch import Tensor
+from torch.nn import functional as F
 
 from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.oracle import WaitingLineOracle
@@ -71,6 +72,11 @@ class DistillConfig:
     suffix_frac: float = 0.4
     structure_frac: float = 0.3
     random_weight: float = 2.0
+    warm_steps: int = 0
+    scramble_steps: int = 0
+    scramble_items: int = 4
+    scramble_fixed: int = 0
+    tie_embeddings: bool = False
     max_pad: int = 3
     seed: int = 0
     threads: int = 1
@@ -105,7 +111,8 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
 def build_student(cfg: DistillConfig, oracle: WaitingLineOracle) -> DecoderLM:
     """A fresh model of ``cfg.family`` over the oracle's vocabulary."""
     tc = TrainConfig(family=cfg.family, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
-                     intermediate=cfg.intermediate, block_size=cfg.block_size, seed=cfg.seed)
+                     intermediate=cfg.intermediate, block_size=cfg.block_size, seed=cfg.seed,
+                     tie_embeddings=cfg.tie_embeddings)
     return build_tiny_model(tc, oracle.vocab_size, oracle.mask_token_id,
                             oracle.eos_token_ids[0], oracle.pad_token_id)
 
@@ -134,8 +141,16 @@ def answer_masks(answers: Tensor, first_name: int, cfg: DistillConfig,
 
 def make_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
                ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """``(tokens [B, L], valid [B, L], masked [B, G], targets [B, G, V] float32, P)``."""
+    """``(tokens [B, L], valid [B, L], masked [B, G], targets [B, G, V] float32, P)``.
+
+    During the first ``cfg.warm_steps`` steps every row is a ``suffix`` row (a semi-
+    autoregressive warm-up: clean left context is what forms the copying circuit).
+    """
     g = TESTBED_GEN_LENGTH
+    if step < cfg.scramble_steps:
+        return scramble_batch(cfg, oracle, step)
+    if step < cfg.warm_steps:
+        cfg = dataclasses.replace(cfg, suffix_frac=1.0, structure_frac=0.0)
     examples = draw_training_examples(cfg.seed, step, cfg.batch_size, cfg.task_weights())
     rng = random.Random(f"{cfg.seed}:{step}:answer")
     gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
@@ -156,6 +171,33 @@ def make_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
         tokens[i, width - len(p):width] = torch.tensor(p)
         valid[i, width - len(p):] = True
     tokens[:, width:] = region
+    return tokens, valid, masked, targets, width
+
+
+def scramble_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """A scrambled-copy warm-up batch: ``<copy> x1 .. xn <answer>`` -> ``x1 .. xn <eos>..``
+    with random name tokens and no list symbols (nothing in the copied span is predictable
+    from its position, so the only way down is to copy; see ``train/README.md``)."""
+    g = TESTBED_GEN_LENGTH
+    gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
+    b, first = cfg.batch_size, oracle._first_name
+    lengths = (torch.full((b,), cfg.scramble_items) if step < cfg.scramble_fixed else
+               torch.randint(3, g - 3, (b,), generator=gen))
+    names = torch.randint(first, oracle.vocab_size, (b, g), generator=gen)
+    keep = torch.arange(g)[None] < lengths[:, None]
+    answers = torch.where(keep, names, oracle.eos_token_ids[0])
+    width = g
+    tokens = torch.full((b, width + g), oracle.pad_token_id, dtype=torch.long)
+    valid = torch.zeros(b, width + g, dtype=torch.bool)
+    copy_id, answer_id = oracle.token_id["<copy>"], oracle.token_id["<answer>"]
+    for i, n in enumerate(lengths.tolist()):
+        tokens[i, width - n - 2:width] = torch.tensor([copy_id, *answers[i, :n].tolist(),
+                                                       answer_id])
+        valid[i, width - n - 2:] = True
+    masked = answer_masks(answers, first, cfg, gen)
+    tokens[:, width:] = torch.where(masked, oracle.mask_token_id, answers)
+    targets = F.one_hot(answers, oracle.vocab_size).float()
     return tokens, valid, masked, targets, width
 
 
@@ -209,6 +251,8 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start, wall_before = state["step"], state["wall_s"]
+        for name in ("loss.csv", "eval.csv"):  # drop rows logged after the checkpoint
+            _truncate(out / name, start)
     (out / "distill_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     params = sum(p.numel() for p in model.parameters())
     print(f"[testbed] {cfg.family}: {params / 1e6:.2f}M parameters, vocab "
@@ -253,6 +297,34 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
     export_testbed(untie(model), oracle, out / "model")
     (out / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, Any]:
+    """Export a run's latest ``checkpoint.pt`` (finished or not) as a checkpoint directory,
+    and write ``run.json`` for it; returns that summary."""
+    from dllm_decode.train.testbed_eval import export_testbed
+
+    run_dir = Path(run_dir)
+    state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    cfg = DistillConfig(**state["config"])
+    oracle = waiting_line_oracle()
+    model = build_student(cfg, oracle)
+    model.load_state_dict(state["model"])
+    export_testbed(untie(model).eval(), oracle, directory)
+    summary = {"command": command_line(cfg), "config": dataclasses.asdict(cfg),
+               "parameters": sum(p.numel() for p in untie(model).parameters()),
+               "vocab_size": oracle.vocab_size, "steps_done": state["step"],
+               "wall_s": round(state["wall_s"], 1), "threads": cfg.threads,
+               "versions": {"torch": torch.__version__}}
+    (run_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return summary
+
+
+def _truncate(path: Path, last_step: int) -> None:
+    if path.exists():
+        lines = path.read_text().splitlines()
+        kept = lines[:1] + [ln for ln in lines[1:] if int(ln.split(",")[0]) <= last_step]
+        path.write_text("".join(f"{ln}\n" for ln in kept))
 
 
 def _append(path: Path, row: dict[str, Any]) -> None:

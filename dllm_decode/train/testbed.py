@@ -8,8 +8,9 @@ names of the clean-room generator (500 full names: a vocabulary of ~530 keeps th
 few MB); lists hold 3-5 people, as in the test-bed spec. Records are the generator's
 (``generate_task(..., names=TESTBED_POOL)``), so ``split="test"`` instances are never trained on.
 
-Prompt: ``<task> [<index>] [word] [ name , ... ] <answer>``; answer ``[ name , ... ]`` then
-``<eos>`` up to ``TESTBED_GEN_LENGTH`` (16) positions.
+Prompt: ``<task> [<index>] [word] [ name , ... ] <fill>.. <answer>`` (the list region padded
+with ``<fill>`` to 5 slots, so list items sit at fixed offsets from ``<answer>``); answer
+``[ name , ... ]`` then ``<eos>`` up to ``TESTBED_GEN_LENGTH`` (16) positions.
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ VOCAB_FILE: Final = "waiting_line_vocab.json"
 
 def waiting_line_oracle(**knobs: Any) -> WaitingLineOracle:
     """The oracle over the test-bed vocabulary (``knobs`` go to ``WaitingLineOracle``)."""
-    return WaitingLineOracle(TESTBED_NAMES, max_items=MAX_ITEMS + 1, **knobs)
+    return WaitingLineOracle(TESTBED_NAMES, max_items=MAX_ITEMS + 1, slots=MAX_ITEMS, **knobs)
 
 
 def waiting_line_records(task: str, n: int, seed: int | None = None, *, split: str = "test",
@@ -125,7 +126,7 @@ def write_tokenizer(oracle: WaitingLineOracle, directory: str | Path) -> None:
               "eos_token": EOS, "mask_token": MASK, "model_max_length": oracle.max_length,
               "clean_up_tokenization_spaces": False}
     (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
-    spec = {"names": list(TESTBED_NAMES), "max_items": oracle.max_items,
+    spec = {"names": list(TESTBED_NAMES), "max_items": oracle.max_items, "slots": oracle.slots,
             "answer_token": ANSWER, "gen_length": TESTBED_GEN_LENGTH}
     (directory / VOCAB_FILE).write_text(json.dumps(spec, indent=1) + "\n")
 
@@ -140,7 +141,8 @@ def codec_for(directory: str | Path) -> WaitingLineOracle | None:
     if not path.is_file():
         return None
     spec = json.loads(path.read_text())
-    return WaitingLineOracle(spec["names"], max_items=int(spec["max_items"]))
+    return WaitingLineOracle(spec["names"], max_items=int(spec["max_items"]),
+                             slots=spec.get("slots"))
 
 
 def prompt_text(oracle: WaitingLineOracle, ids: Sequence[int]) -> str:

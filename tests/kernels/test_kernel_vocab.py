@@ -110,6 +110,28 @@ def test_propose_generator_path(device):
     torch.testing.assert_close(first.prob, p.float(), atol=1e-6, rtol=1e-5)
 
 
+@pytest.mark.parametrize("temperature", [0.0, 0.7, 5.0])
+@pytest.mark.parametrize("path", ["noise", "generator"])
+def test_propose_greedy_is_the_argmax_on_every_path(temperature, path, device):
+    """``Proposal.greedy`` is ``logits.argmax`` whatever the temperature and noise source, on
+    the Triton path as on the reference (stoppers, KLASS, CCD and Learn2PD read it)."""
+    logits = (torch.randn(2, 5, 3001, generator=torch.Generator().manual_seed(11)) * 3).to(device)
+    want = logits.argmax(-1)
+    noise = None
+    if path == "noise":
+        noise = torch.rand(logits.shape, dtype=torch.float64,
+                           generator=torch.Generator().manual_seed(12)).to(device)
+    for impl in ("triton", "reference"):
+        gen = torch.Generator(device=device).manual_seed(3)
+        got = kernels.propose(logits, temperature=temperature, noise=noise, generator=gen,
+                              impl=impl)
+        assert torch.equal(got.greedy, want), impl
+        if temperature > 0:
+            assert got.argmax is not None, impl
+    if temperature >= 5.0:  # hot sampling: the sampled tokens differ from the argmax
+        assert not torch.equal(got.tokens, want)
+
+
 def test_propose_categorical_routing(device):
     logits = torch.randn(1, 4, 30, device=device)
     with pytest.raises(NotImplementedError, match="categorical"):

@@ -1,0 +1,227 @@
+"""``dllm-decode doctor``: validate an installation on the current device.
+
+1. **Facts**: torch / triton / CUDA versions, the GPU (name, capability, memory, native bf16),
+   ``DLLM_DECODE_KERNELS`` and what ``impl="auto"`` resolves to here.
+2. **Kernels**: every Triton op against its torch reference on this device
+   (``kernels.selfcheck``): compiled kernels on CUDA; on a CPU-only machine the Triton
+   interpreter (``TRITON_INTERPRET=1``, set by doctor when triton is installed and its
+   backend is not imported yet), else reported as skipped.
+3. **Decode**: one timed decode per cache mode (none, prefix, dual, window) after one warm-up,
+   on a random LLaDA-8B-shaped model with 2 layers (hidden 4096, 32 heads, MLP 12288,
+   vocab 126464: the 8B model's per-layer and vocabulary costs), bf16 on CUDA and fp32 on CPU;
+   ``--shape small`` for a small machine or CI.
+4. **Row**: appends one CSV row (facts, kernel verdicts, seconds per cache mode) to
+   ``--out`` (default ``benchmarks/results/doctor.csv``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import datetime as _dt
+import importlib.util
+import os
+import subprocess
+import sys
+import time
+import warnings
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Final
+
+import torch
+
+#: LLaDA-8B's layer and vocabulary shapes (reference-decoders §4.1), 2 layers instead of 32
+SHAPES: Final[dict[str, dict[str, int]]] = {
+    "llada-8b": {"d_model": 4096, "n_heads": 32, "mlp_hidden_size": 12288, "vocab": 126464},
+    "small": {"d_model": 256, "n_heads": 4, "mlp_hidden_size": 768, "vocab": 4096},
+}
+CACHE_MODES: Final = ("none", "prefix", "dual", "window")
+DEFAULT_OUT: Final = Path("benchmarks/results/doctor.csv")
+
+
+def facts(device: torch.device) -> dict[str, str]:
+    """Versions and device facts as strings."""
+    from dllm_decode import kernels
+
+    out = {"torch": torch.__version__, "cuda": str(torch.version.cuda),
+           "cuda_available": str(torch.cuda.is_available()), "device": str(device),
+           "kernels_env": os.environ.get(kernels.ENV_VAR, "") or "unset"}
+    try:  # the version without importing triton (the interpreter must be chosen first)
+        out["triton"] = metadata.version("triton")
+    except metadata.PackageNotFoundError:
+        out["triton"] = "absent"
+    if device.type == "cuda":
+        props = torch.cuda.get_device_properties(device)
+        out |= {"gpu": props.name, "capability": f"{props.major}.{props.minor}",
+                "gpu_memory_gb": f"{props.total_memory / 2**30:.1f}",
+                "native_bf16": str(torch.cuda.is_bf16_supported(including_emulation=False))}
+    else:
+        out["gpu"] = "none"
+    out["auto_impl"] = kernels.resolve_impl("auto", device).value
+    return out
+
+
+def _backend_status(device: torch.device) -> tuple[torch.device | None, str]:
+    """(device to run Triton checks on, how) or (None, why not)."""
+    from dllm_decode import kernels
+
+    if importlib.util.find_spec("triton") is None:
+        return None, "triton is not installed"
+    if device.type == "cpu" and "triton" not in sys.modules:
+        # decided when ``triton`` is first imported: interpret its kernels on this CPU
+        os.environ.setdefault("TRITON_INTERPRET", "1")
+    how = kernels.triton_status(device)
+    if how is None:
+        return None, f"Triton kernels cannot run on {device} in this process"
+    return device, how
+
+
+def kernel_report(device: torch.device, dtype: torch.dtype) -> list[dict[str, str]]:
+    """One ``{op, status, detail}`` per op: ``ok`` / ``FAIL`` (with the error) / ``skipped``."""
+    from dllm_decode.kernels import selfcheck
+
+    where, how = _backend_status(device)
+    rows = []
+    for op in selfcheck.CHECKS:
+        if where is None:
+            rows.append({"op": op, "status": "skipped", "detail": how})
+            continue
+        start = time.perf_counter()
+        with warnings.catch_warnings():  # the interpreter's numpy warnings (inf * 0) are noise
+            warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                    module=r"triton\.runtime\.interpreter")
+            error = selfcheck.check(op, where, dtype if where.type == "cuda" else torch.float32)
+        rows.append({"op": op, "status": "ok" if error is None else "FAIL",
+                     "detail": f"{how}, {time.perf_counter() - start:.2f}s" if error is None
+                     else error})
+    return rows
+
+
+def random_model(shape: str, layers: int, device: torch.device, dtype: torch.dtype) -> Any:
+    """A random LLaDA of ``shape`` built in place on ``device`` (no host copy of the weights)."""
+    from dllm_decode.models.llada import LLaDAModel, llada_spec
+
+    s = SHAPES[shape]
+    cfg = {"model_type": "llada", "d_model": s["d_model"], "n_layers": layers,
+           "n_heads": s["n_heads"], "n_kv_heads": s["n_heads"],
+           "mlp_hidden_size": s["mlp_hidden_size"], "vocab_size": s["vocab"],
+           "embedding_size": s["vocab"], "mask_token_id": s["vocab"] - 1,
+           "eos_token_id": s["vocab"] - 2, "max_sequence_length": 4096, "rope_theta": 500000.0}
+    with torch.device("meta"):
+        model = LLaDAModel(llada_spec(cfg)).to(dtype)
+    model = model.to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(0)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name.endswith("norm.weight"):
+                p.fill_(1.0)
+            else:
+                p.normal_(0.0, 0.02, generator=gen)
+    return model.eval()
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_decodes(model: Any, device: torch.device, prompt_length: int, gen_length: int,
+                 block_length: int, steps: int) -> dict[str, tuple[float, int]]:
+    """Seconds and NFE of one decode per cache mode (after one warm-up decode each)."""
+    from dllm_decode.samplers.sampler import DiffusionSampler
+
+    gen = torch.Generator().manual_seed(1)
+    prompt = torch.randint(0, model.vocab_size - 2, (1, prompt_length), generator=gen)
+    prompt = prompt.to(device)
+    out = {}
+    for cache in CACHE_MODES:
+        sampler = DiffusionSampler(model, "low_confidence", cache=cache, gen_length=gen_length,
+                                   block_length=block_length, steps=steps)
+        sampler.generate(prompt)
+        _sync(device)
+        start = time.perf_counter()
+        result = sampler.generate(prompt)
+        _sync(device)
+        out[cache] = (time.perf_counter() - start, int(result.nfe[0]))
+    return out
+
+
+def _commit() -> str:
+    try:
+        res = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
+                             text=True, check=False)
+        return res.stdout.strip() or "unknown"
+    except OSError:
+        return "unknown"
+
+
+def append_row(path: Path, row: dict[str, Any]) -> None:
+    """Append ``row`` to the CSV at ``path`` (header written when the file is new)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    new = not path.is_file() or path.stat().st_size == 0
+    with path.open("a", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(row))
+        if new:
+            writer.writeheader()
+        writer.writerow(row)
+
+
+def run(args: argparse.Namespace) -> int:
+    """The ``doctor`` subcommand; returns 1 when a kernel fails its check."""
+    from dllm_decode.models.placement import parse_dtype, resolve_device
+
+    device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dtype = parse_dtype(args.dtype) if args.dtype else (
+        torch.bfloat16 if device.type == "cuda" else torch.float32)
+    info = facts(device)
+    print("== facts")
+    for key, value in info.items():
+        print(f"  {key:<15} {value}")
+    print("== kernels vs reference")
+    report = kernel_report(device, dtype)
+    for r in report:
+        print(f"  {r['op']:<17} {r['status']:<8} {r['detail']}")
+    s = SHAPES[args.shape]
+    print(f"== decode: random LLaDA ({args.shape}: hidden {s['d_model']}, {s['n_heads']} heads, "
+          f"vocab {s['vocab']}, {args.layers} layers), {str(dtype).removeprefix('torch.')}, "
+          f"prompt {args.prompt_length}, gen {args.gen_length}, {args.steps} steps")
+    model = random_model(args.shape, args.layers, device, dtype)
+    timings = time_decodes(model, device, args.prompt_length, args.gen_length,
+                           args.block_length, args.steps)
+    for cache, (seconds, nfe) in timings.items():
+        print(f"  cache={cache:<7} {seconds:8.3f}s  NFE={nfe}  "
+              f"{args.gen_length / seconds:8.1f} tokens/s")
+    row: dict[str, Any] = {
+        "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+        "commit": _commit(), **{k: info.get(k, "") for k in
+                                ("device", "gpu", "torch", "triton", "cuda")},
+        "dtype": str(dtype).removeprefix("torch."), "shape": args.shape, "layers": args.layers,
+        "prompt": args.prompt_length, "gen": args.gen_length, "steps": args.steps,
+        "kernels_ok": sum(r["status"] == "ok" for r in report),
+        "kernels_failed": ";".join(r["op"] for r in report if r["status"] == "FAIL"),
+        "kernels_skipped": sum(r["status"] == "skipped" for r in report),
+        **{f"s_{cache}": f"{seconds:.4f}" for cache, (seconds, _) in timings.items()},
+        "nfe": timings["none"][1],
+    }
+    append_row(Path(args.out), row)
+    print(f"== row appended to {args.out}")
+    return 1 if any(r["status"] == "FAIL" for r in report) else 0
+
+
+def add_doctor_subcommand(sub: Any) -> None:
+    """Register ``dllm-decode doctor``."""
+    p = sub.add_parser("doctor", help="check this installation: versions, kernels vs "
+                                      "reference, one timed decode per cache mode")
+    p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
+    p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
+                   help="default: bfloat16 on CUDA, float32 on CPU")
+    p.add_argument("--shape", default="llada-8b", choices=sorted(SHAPES),
+                   help="llada-8b: ~3 GB of bf16 weights with 2 layers; small: for CI")
+    p.add_argument("--layers", type=int, default=2)
+    p.add_argument("--prompt-length", type=int, default=64)
+    p.add_argument("--gen-length", type=int, default=64)
+    p.add_argument("--block-length", type=int, default=32)
+    p.add_argument("--steps", type=int, default=16)
+    p.add_argument("--out", default=str(DEFAULT_OUT), help="CSV to append the row to")
+    p.set_defaults(func=run)

@@ -1,0 +1,160 @@
+"""First-use self-check: every Triton op against its torch reference on the current device.
+
+``passed(op, device, dtype)`` runs the op once through ``impl="triton"`` and once through
+``impl="reference"`` on a small seeded input (tie-free, so discrete outputs must match
+exactly; floats within a per-dtype tolerance), caches the verdict per ``(op, device, dtype)``
+and, on a mismatch or an exception, warns with the op and the error. ``kernels.resolve_impl``
+calls it the first time ``impl="auto"`` sends an op to Triton; ``dllm-decode doctor`` calls
+``check(op, ...)`` for every op. The inputs are built on the host from a fixed seed and moved
+to the device (a one-off transfer, never in the decode loop).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from typing import Final
+
+import torch
+from torch import Tensor
+
+#: float tolerance (max absolute error) per input dtype
+TOLERANCE: Final = {torch.float32: 2e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
+
+_RESULTS: dict[tuple[str, str, torch.dtype], str | None] = {}
+
+
+def _rand(*shape: int, seed: int, scale: float = 1.0) -> Tensor:
+    return torch.randn(*shape, generator=torch.Generator().manual_seed(seed)) * scale
+
+
+def _max_err(got: Tensor, want: Tensor) -> float:
+    g, w = got.detach().double().cpu(), want.detach().double().cpu()
+    finite = torch.isfinite(w)
+    if not torch.equal(finite, torch.isfinite(g)):
+        return float("inf")
+    return float((g[finite] - w[finite]).abs().max()) if finite.any() else 0.0
+
+
+def _compare(pairs: dict[str, tuple[Tensor, Tensor]], exact: tuple[str, ...],
+             tol: float) -> str | None:
+    for name, (got, want) in pairs.items():
+        if name in exact:
+            if not torch.equal(got.cpu(), want.cpu()):
+                bad = int((got.cpu() != want.cpu()).sum())
+                return f"{name} differs from the reference at {bad} of {want.numel()} positions"
+            continue
+        err = _max_err(got, want)
+        if err > tol:
+            return f"max |{name} - reference| = {err:.3g} > {tol:g}"
+    return None
+
+
+def _confidence(device: torch.device, dtype: torch.dtype) -> str | None:
+    from dllm_decode import kernels
+
+    x = _rand(6, 1003, seed=1, scale=3.0).to(device, dtype)
+    got = kernels.confidence_stats(x, impl="triton")
+    want = kernels.confidence_stats(x, impl="reference")
+    return _compare({k: (got[k], want[k]) for k in want}, ("token",), TOLERANCE[dtype])
+
+
+def _gumbel(device: torch.device, dtype: torch.dtype) -> str | None:
+    from dllm_decode import kernels
+
+    x = _rand(6, 1003, seed=2, scale=3.0).to(device, dtype)
+    noise = torch.rand(x.shape, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(3)).to(device)
+    got = kernels.gumbel_sample(x, 0.8, noise=noise, impl="triton")
+    want = kernels.gumbel_sample(x, 0.8, noise=noise, impl="reference")
+    return _compare({"token": (got.token, want.token), "p_token": (got.p_token, want.p_token)},
+                    ("token",), TOLERANCE[dtype])
+
+
+def _propose(device: torch.device, dtype: torch.dtype) -> str | None:
+    from dllm_decode import kernels
+
+    x = _rand(2, 3, 1003, seed=4, scale=3.0).to(device, dtype)
+    noise = torch.rand(x.shape, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(5)).to(device)
+    for temperature in (0.0, 0.8):
+        got = kernels.propose(x, temperature=temperature, noise=noise, impl="triton")
+        want = kernels.propose(x, temperature=temperature, noise=noise, impl="reference")
+        error = _compare({"tokens": (got.tokens, want.tokens), "greedy": (got.greedy, want.greedy),
+                          "prob": (got.prob, want.prob), "margin": (got.margin, want.margin),
+                          "neg_entropy": (got.neg_entropy, want.neg_entropy)},
+                         ("tokens", "greedy"), TOLERANCE[dtype])
+        if error is not None:
+            return f"T={temperature}: {error}"
+    return None
+
+
+def _kv_write(device: torch.device, dtype: torch.dtype) -> str | None:
+    from dllm_decode import kernels
+
+    caches = [_rand(2, 2, 12, 16, seed=s).to(device, dtype) for s in (6, 7)]
+    k_new, v_new = (_rand(2, 2, 4, 16, seed=s).to(device, dtype) for s in (8, 9))
+    pos = torch.tensor([1, 6], device=device)
+    out = {}
+    for impl in ("triton", "reference"):
+        k, v = caches[0].clone(), caches[1].clone()
+        kernels.kv_write_(k, v, k_new, v_new, pos, impl=impl)
+        out[impl] = (k, v)
+    return _compare({"k_cache": (out["triton"][0], out["reference"][0]),
+                     "v_cache": (out["triton"][1], out["reference"][1])}, (), 0.0)
+
+
+def _attention(device: torch.device, dtype: torch.dtype) -> str | None:
+    from dllm_decode import kernels
+
+    q = _rand(2, 4, 5, 16, seed=10).to(device, dtype)
+    k, v = (_rand(2, 2, 12, 16, seed=s).to(device, dtype) for s in (11, 12))
+    k_new, v_new = (_rand(2, 2, 5, 16, seed=s).to(device, dtype) for s in (13, 14))
+    start = torch.tensor([0, 2], dtype=torch.int32, device=device)
+    end = torch.tensor([7, 12], dtype=torch.int32, device=device)
+    res = {impl: kernels.block_attention(q, k, v, start, end, k_new=k_new, v_new=v_new,
+                                         return_lse=True, impl=impl)
+           for impl in ("triton", "reference")}
+    return _compare({"out": (res["triton"].out, res["reference"].out),
+                     "lse": (res["triton"].lse, res["reference"].lse)}, (), TOLERANCE[dtype])
+
+
+#: op name (as ``kernels`` exports it) -> check returning an error description or None
+CHECKS: Final[dict[str, Callable[[torch.device, torch.dtype], str | None]]] = {
+    "confidence_stats": _confidence,
+    "gumbel_sample": _gumbel,
+    "propose": _propose,
+    "kv_write_": _kv_write,
+    "block_attention": _attention,
+}
+
+
+def check(op: str, device: torch.device, dtype: torch.dtype = torch.float32) -> str | None:
+    """Run ``op``'s check now (no cache, no warning): ``None`` if it matches, else the error."""
+    if op not in CHECKS:
+        raise ValueError(f"unknown kernel op {op!r}; ops: {sorted(CHECKS)}")
+    if dtype not in TOLERANCE:
+        dtype = torch.float32
+    try:
+        return CHECKS[op](torch.device(device), dtype)
+    except Exception as err:  # a kernel that cannot compile or launch fails its check
+        return f"{type(err).__name__}: {err}"
+
+
+def passed(op: str, device: torch.device, dtype: torch.dtype = torch.float32) -> bool:
+    """Cached ``check``; warns once (``RuntimeWarning``) when ``op`` fails on this device."""
+    key = (op, str(torch.device(device)), dtype)
+    if key not in _RESULTS:
+        error = check(op, device, dtype)
+        _RESULTS[key] = error
+        if error is not None:
+            warnings.warn(f"dllm_decode.kernels: Triton op {op!r} failed its self-check on "
+                          f"{key[1]} ({str(dtype).removeprefix('torch.')}): {error}; using the "
+                          f"torch reference for {op!r} from now on (DLLM_DECODE_KERNELS="
+                          f"reference silences this)", RuntimeWarning, stacklevel=3)
+    return _RESULTS[key] is None
+
+
+def reset() -> None:
+    """Forget every verdict (tests; after a driver change)."""
+    _RESULTS.clear()

@@ -1,0 +1,126 @@
+"""First-use self-check and DLLM_DECODE_KERNELS, exercised on CPU through the interpreter.
+
+``auto`` only picks Triton on CUDA; here ``kernels._auto`` is patched to pick it for CPU
+tensors (the interpreter), which is exactly the path a GPU takes the first time an op runs.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from dllm_decode import kernels
+from dllm_decode.kernels import reference, selfcheck
+from dllm_decode.types import Impl
+
+pytestmark = pytest.mark.triton
+
+
+def _self_check_warnings(seen: list) -> list[str]:
+    # the interpreter itself emits numpy RuntimeWarnings (inf * 0); only ours count
+    return [str(w.message) for w in seen if "self-check" in str(w.message)]
+
+
+@pytest.fixture
+def auto_is_triton(device, monkeypatch):
+    monkeypatch.setattr(kernels, "_auto", lambda device_type: Impl.TRITON)
+    monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+    selfcheck.reset()
+    yield
+    selfcheck.reset()
+
+
+@pytest.mark.parametrize("op", sorted(selfcheck.CHECKS))
+def test_every_kernel_passes_its_check(op, device) -> None:
+    assert selfcheck.check(op, device) is None
+
+
+def test_check_reports_a_wrong_kernel(device, monkeypatch) -> None:
+    from dllm_decode.kernels import triton as backend
+
+    real = backend.vocab_pass
+
+    def off_by_one(*args, **kwargs):
+        token, sample, out = real(*args, **kwargs)
+        return token, sample, out + 0.1
+
+    monkeypatch.setattr(backend, "vocab_pass", off_by_one)
+    error = selfcheck.check("confidence_stats", device)
+    assert error is not None and "reference" in error
+
+
+def test_auto_self_checks_once_and_falls_back(device, auto_is_triton, monkeypatch) -> None:
+    from dllm_decode.kernels import triton as backend
+
+    logits = torch.randn(2, 3, 257, generator=torch.Generator().manual_seed(0))
+    noise = torch.rand(logits.shape, dtype=torch.float64,
+                       generator=torch.Generator().manual_seed(1))
+    calls = {"n": 0}
+    real = backend.vocab_pass
+
+    def counted(*args, **kwargs):
+        calls["n"] += 1
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(backend, "vocab_pass", counted)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        got = kernels.propose(logits, temperature=0.7, noise=noise)
+    assert not _self_check_warnings(seen)  # a passing check warns nothing
+    checked = calls["n"]
+    assert checked >= 2  # the self-check ran the kernel, then the call itself did
+    kernels.propose(logits, temperature=0.7, noise=noise)
+    assert calls["n"] == checked + 1  # checked once per (op, device, dtype)
+    assert torch.equal(got.greedy, logits.argmax(-1))
+
+    def broken(*args, **kwargs):
+        token, sample, out = real(*args, **kwargs)
+        return (token + 1) % logits.shape[-1], sample, out
+
+    monkeypatch.setattr(backend, "vocab_pass", broken)
+    with pytest.warns(RuntimeWarning, match=r"'confidence_stats' failed its self-check.*token"):
+        stats = kernels.confidence_stats(logits)
+    assert torch.equal(stats["token"], logits.argmax(-1))  # the reference answered
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        kernels.confidence_stats(logits)
+    assert not _self_check_warnings(seen)  # warned once; the reference from then on
+    # an explicit request is never second-guessed
+    assert not torch.equal(kernels.confidence_stats(logits, impl="triton")["token"],
+                           logits.argmax(-1))
+
+
+def test_model_attention_ops_are_checked(device, auto_is_triton, monkeypatch) -> None:
+    from dllm_decode.kernels import triton as backend
+
+    def crash(*args, **kwargs):
+        raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+    monkeypatch.setattr(backend, "block_attention", crash)
+    with pytest.warns(RuntimeWarning, match=r"'block_attention'.*illegal memory access"):
+        impl = kernels.resolve_impl("auto", device, ops=("kv_write_", "block_attention"))
+    assert impl is Impl.REFERENCE
+
+
+def test_env_override(device, auto_is_triton, monkeypatch) -> None:
+    x = torch.randn(3, 50)
+    monkeypatch.setenv(kernels.ENV_VAR, "reference")
+    assert kernels.resolve_impl("auto", device) is Impl.REFERENCE
+    monkeypatch.setenv(kernels.ENV_VAR, "triton")
+    assert kernels.resolve_impl("auto", device) is Impl.TRITON
+    monkeypatch.setenv(kernels.ENV_VAR, "AUTO")
+    assert kernels.resolve_impl("auto", device) is Impl.TRITON
+    assert kernels.resolve_impl("reference", device) is Impl.REFERENCE  # explicit wins
+    monkeypatch.setenv(kernels.ENV_VAR, "cuda")
+    with pytest.raises(ValueError, match=r"DLLM_DECODE_KERNELS='cuda'.*auto, reference or triton"):
+        kernels.confidence_stats(x)
+
+
+def test_env_reference_on_cpu_never_imports_triton(monkeypatch) -> None:
+    monkeypatch.setenv(kernels.ENV_VAR, "reference")
+    x = torch.randn(2, 4, 30)
+    got = kernels.propose(x, temperature=0.5, generator=torch.Generator().manual_seed(0))
+    want = reference.propose(x, temperature=0.5, generator=torch.Generator().manual_seed(0))
+    assert torch.equal(got.tokens, want.tokens)

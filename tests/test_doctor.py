@@ -1,0 +1,61 @@
+"""``dllm-decode doctor`` on CPU: facts, every kernel vs its reference, timed decodes, CSV."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+
+from dllm_decode import cli
+from dllm_decode.doctor import CACHE_MODES, SHAPES, random_model
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_doctor_runs_on_cpu_and_appends_a_row(tmp_path, monkeypatch, capsys) -> None:
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # as on a CPU-only machine (set before triton)
+    out = tmp_path / "results" / "doctor.csv"
+    argv = ["doctor", "--shape", "small", "--prompt-length", "16", "--gen-length", "16",
+            "--block-length", "8", "--steps", "4", "--out", str(out)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "== facts" in text and "torch" in text
+    assert "FAIL" not in text
+    for mode in CACHE_MODES:
+        assert f"cache={mode}" in text
+    assert cli.main(argv) == 0  # a second run appends under the same header
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 2
+    row = rows[0]
+    assert row["device"] == "cpu" and row["shape"] == "small" and row["kernels_failed"] == ""
+    assert int(row["kernels_ok"]) + int(row["kernels_skipped"]) == 5
+    assert all(float(row[f"s_{m}"]) > 0 for m in CACHE_MODES) and row["nfe"] == "4"
+
+
+def test_default_shape_is_llada_8b() -> None:
+    s = SHAPES["llada-8b"]
+    assert (s["d_model"], s["n_heads"], s["mlp_hidden_size"], s["vocab"]) == \
+        (4096, 32, 12288, 126464)
+    model = random_model("small", 2, torch.device("cpu"), torch.float32)
+    assert model.vocab_size == SHAPES["small"]["vocab"] and len(model.layers) == 2
+
+
+def test_doctor_rejects_bad_arguments(capsys) -> None:
+    assert cli.main(["doctor", "--device", "tpu9"]) == 2
+    assert "tpu9" in capsys.readouterr().err
+
+
+def test_doctor_fails_when_a_kernel_disagrees(tmp_path, monkeypatch, capsys) -> None:
+    from dllm_decode import doctor
+    from dllm_decode.kernels import selfcheck
+
+    monkeypatch.setattr(doctor, "_backend_status", lambda device: (device, "compiled"))
+    monkeypatch.setattr(selfcheck, "check", lambda op, device, dtype: (
+        "max |out - reference| = 0.5 > 0.002" if op == "block_attention" else None))
+    out = tmp_path / "d.csv"
+    argv = ["doctor", "--shape", "small", "--prompt-length", "8", "--gen-length", "8",
+            "--block-length", "8", "--steps", "2", "--out", str(out)]
+    assert cli.main(argv) == 1
+    assert "block_attention   FAIL     max |out - reference| = 0.5" in capsys.readouterr().out
+    assert list(csv.DictReader(out.open()))[0]["kernels_failed"] == "block_attention"
