@@ -155,7 +155,7 @@ class StepState:
     gen_start: int
     steps_left: int | None
     budget: Tensor | None
-    progress: float
+    progress: float | Tensor  # a 0-d float64 tensor under DiffusionSampler(compile=True)
     generator: torch.Generator | None
     forward_start: int
     forward_width: int

@@ -59,6 +59,9 @@ class Fed:
     double_draw: bool = False
     live: Tensor | None = None
     refreshed: Tensor | None = None
+    #: ``(lo, hi)`` when ``rows`` is the contiguous ``arange(lo, hi)`` (the sampler then works
+    #: on the span with cached masks instead of scattering)
+    span: tuple[int, int] | None = None
 
     def fresh_mask(self, batch: int, length: int) -> Tensor:
         """``[batch, length]`` bool: canvas positions with fresh logits in each row (the first
@@ -79,10 +82,6 @@ class Fed:
         if self.refreshed is not None:
             return self.refreshed[:batch]
         return torch.full((batch,), self.refresh, dtype=torch.bool, device=self.logits.device)
-
-
-def _rows(lo: int, hi: int, canvas: Tensor) -> Tensor:
-    return torch.arange(lo, hi, device=canvas.device)
 
 
 class ForwardPlan:
@@ -128,6 +127,18 @@ class ForwardPlan:
         #: current block left of the row's first masked position attend causally too
         self.draft_causal = False
         self._draft_upto: Tensor | None = None  # [B'] first masked position (block end if none)
+        # per-generation memo of the step's index tensors and masks, keyed by host integers
+        # (a block's steps reuse them: no per-step arange / mask building); ``restrict``
+        # clears the masks that depend on ``valid``
+        self._memo: dict[tuple, Tensor | None] = {}
+
+    def _arange(self, lo: int, hi: int) -> Tensor:
+        """Cached ``arange(lo, hi)`` on the plan's device (read-only)."""
+        key = ("arange", lo, hi)
+        out = self._memo.get(key)
+        if out is None:
+            out = self._memo[key] = torch.arange(lo, hi, device=self.valid.device)
+        return out
 
     def _structure(self, q_pos: Tensor, k_pos: Tensor) -> Tensor | None:
         """``[N, Lk]`` keys each query may see by position alone (``None``: all of them)."""
@@ -143,6 +154,7 @@ class ForwardPlan:
         """Hide keys from later forwards: ``valid &= visible`` (``[B', L]``; truncation)."""
         self.valid &= visible
         self.dense = False
+        self._memo = {k: v for k, v in self._memo.items() if k[0] == "arange"}
 
     def _keys_mask(self, start: int, end: int) -> Tensor | None:
         """Visible keys for queries at canvas positions ``[start, end)``: the key mask
@@ -153,38 +165,64 @@ class ForwardPlan:
         their keys: everything before the block's end. That is decided from the integers
         alone, so the common block-causal step runs the kernel path too.
         """
-        keys = torch.arange(self.length, device=self.valid.device)
+        key = ("keys", start, end, self.boundary if self.causal_prefix else 0)
+        if key not in self._memo:
+            self._memo[key] = self._build_keys_mask(start, end)
+        return self._memo[key]
+
+    def _build_keys_mask(self, start: int, end: int) -> Tensor | None:
+        keys = self._arange(0, self.length)
         if self.model.attention == "block_causal":
             size = self.model.block_size
             if start // size == (end - 1) // size and not (
                     self.causal_prefix and start < self.boundary):
                 return self.valid & (keys < (start // size + 1) * size)[None]
-        allowed = self._structure(torch.arange(start, end, device=keys.device), keys)
+        if self.model.attention == "block_causal" and not self.causal_prefix:
+            # rows of the canvas-wide structure, built once per generation ([L, L] bool)
+            if ("structure",) not in self._memo:
+                self._memo[("structure",)] = self._structure(keys, keys)
+            allowed = self._memo[("structure",)][start:end]
+        else:
+            allowed = self._structure(self._arange(start, end), keys)
         if allowed is None:
             return None if self.dense else self.valid
         return self.valid[:, None, :].expand(-1, end - start, -1) & allowed
 
     def _run(self, canvas: Tensor, start: int, end: int, lo: int, hi: int,
              use_cache: bool) -> Tensor:
-        span = torch.arange(start, end, device=canvas.device)
-        rows = torch.arange(lo, hi, device=canvas.device) - start
-        tokens, pos = canvas[:, start:end], self.positions[:, start:end]
+        span = self._arange(start, end)
+        rows = self._arange(lo - start, hi - start)
+        tokens = canvas if (start, end) == (0, self.length) else canvas[:, start:end]
+        key = ("span", start, end)
+        if key not in self._memo:  # RoPE positions and cache slots of the span
+            self._memo[key] = self.positions[:, start:end]
+            self._memo[("slots", start, end)] = span.expand_as(self._memo[key])
+        pos = self._memo[key]
         drafting = self._draft_upto is not None
         if use_cache:
             mask = self._keys_mask(start, end)
             if drafting:
-                mask = self._draft_mask(mask, span, torch.arange(self.length, device=span.device))
-            return self.model(tokens, pos, cache=self.cache, slots=span.expand_as(tokens),
-                              mask=mask, store=True, hidden_rows=rows)
+                mask = self._draft_mask(mask, span, self._arange(0, self.length))
+            slots = self._memo[("slots", start, end)]
+            return self.model(tokens, pos, cache=self.cache, slots=slots, mask=mask, store=True,
+                              hidden_rows=rows)
+        key = ("self_mask", start, end, self.boundary if self.causal_prefix else 0)
+        if key not in self._memo:
+            self._memo[key] = self._self_mask(start, end, span)
+        mask = self._memo[key]
+        if drafting:
+            mask = self._draft_mask(mask, span, span)
+        return self.model(tokens, pos, mask=mask, hidden_rows=rows)
+
+    def _self_mask(self, start: int, end: int, span: Tensor) -> Tensor | None:
+        """Uncached forwards over ``[start, end)``: ``[B', N, N]`` or ``None`` (all visible)."""
         allowed = self._structure(span, span)
         mask = None
         if allowed is not None or not self.dense:
             mask = self.valid[:, start:end][:, None, :].expand(-1, end - start, -1)
             if allowed is not None:
                 mask = mask & allowed
-        if drafting:
-            mask = self._draft_mask(mask, span, span)
-        return self.model(tokens, pos, mask=mask, hidden_rows=rows)
+        return mask
 
     def _draft_mask(self, mask: Tensor | None, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """``mask`` (``None``, keys ``[B', Lk]`` or ``[B', N, Lk]``) with the draft-causal rows:
@@ -200,13 +238,13 @@ class ForwardPlan:
         return torch.where(rows[:, :, None], mask & causal, mask)
 
     def prepare(self, canvas: Tensor, step_in_block: int, lo: int, *,
-                final: bool = False) -> Tensor:
-        """Integers the next ``forward`` needs on the host (``[k]`` int64; none here).
+                final: bool = False) -> Tensor | None:
+        """Integers the next ``forward`` needs on the host (``[k]`` int64; ``None``: none).
 
         ``final``: the block's last scheduled step. May be called for a step that is then
         skipped (the block turned out to be complete).
         """
-        return torch.zeros(0, dtype=torch.long, device=canvas.device)
+        return None
 
     def forward(self, canvas: Tensor, block: tuple[int, int], aligned_start: int,
                 step_in_block: int, lo: int, full_span: bool,
@@ -236,28 +274,28 @@ class ForwardPlan:
             self.refresh_every is not None and step_in_block % self.refresh_every == 0)
         if mode is CacheMode.NONE:
             logits = self._run(canvas, 0, length, lo, hi, use_cache=False)
-            return Fed(logits, _rows(lo, hi, canvas), 0, length, refresh=True)
+            return Fed(logits, self._arange(lo, hi), 0, length, refresh=True, span=(lo, hi))
         if mode in (CacheMode.PREFIX, CacheMode.DUAL) and refresh:
             logits = self._run(canvas, 0, length, lo, hi, use_cache=True)
-            return Fed(logits, _rows(lo, hi, canvas), 0, length, refresh=True)
+            return Fed(logits, self._arange(lo, hi), 0, length, refresh=True, span=(lo, hi))
         if mode is CacheMode.PREFIX:
             start = max(bs - self.shift, 0)
             lo = max(lo, bs)
             logits = self._run(canvas, start, length, lo, hi, use_cache=True)
-            return Fed(logits, _rows(lo, hi, canvas), bs, length - bs, refresh=False,
-                       double_draw=True)
+            return Fed(logits, self._arange(lo, hi), bs, length - bs, refresh=False,
+                       double_draw=True, span=(lo, hi))
         if mode is CacheMode.DUAL:
             start = max(bs - self.shift, 0)
             lo, hi = max(lo, bs), be
             logits = self._run(canvas, start, be, lo, hi, use_cache=True)
-            return Fed(logits, _rows(lo, hi, canvas), bs, be - bs, refresh=False)
+            return Fed(logits, self._arange(lo, hi), bs, be - bs, refresh=False, span=(lo, hi))
         # block_causal: feed [clean_upto, be); the previous block gets its final K/V here
         start = max(min(self.clean_upto, aligned_start) - self.shift, 0)
         lo, hi = max(lo, aligned_start), be
         logits = self._run(canvas, start, be, lo, hi, use_cache=True)
         self.clean_upto = aligned_start
-        return Fed(logits, _rows(lo, hi, canvas), aligned_start, be - aligned_start,
-                   refresh=step_in_block == 0)
+        return Fed(logits, self._arange(lo, hi), aligned_start, be - aligned_start,
+                   refresh=step_in_block == 0, span=(lo, hi))
 
     def extra_forward(self, canvas: Tensor, tokens: Tensor, positions: Tensor,
                       mask: Tensor) -> Tensor:

@@ -39,11 +39,14 @@ def confidence_stats(logits: Tensor) -> dict[str, Tensor]:
     the lowest index), ``p_max``, ``margin`` (p1 - p2), ``logit_margin`` (z1 - z2),
     ``neg_entropy`` (sum p log p, with 0 log 0 = 0), ``lse``.
     """
-    z = logits.float()
+    z = logits if logits.dtype == torch.float32 else logits.float()
     lse = torch.logsumexp(z, dim=-1)
     top2 = torch.topk(z, k=min(2, z.shape[-1]), dim=-1).values
-    z1 = top2[..., 0]
-    z2 = top2[..., 1] if z.shape[-1] > 1 else torch.full_like(z1, -math.inf)
+    if z.shape[-1] > 1:
+        z1, z2 = top2.unbind(-1)
+    else:
+        z1 = top2[..., 0]
+        z2 = torch.full_like(z1, -math.inf)
     logp = z - lse[..., None]
     neg_entropy = (logp.exp() * logp.clamp_min(_NEG)).sum(-1)
     p1, p2 = (z1 - lse).exp(), (z2 - lse).exp()
@@ -136,7 +139,8 @@ def propose(
             tokens, prob = stats["token"], stats["p_max"]
     else:
         raise ValueError(f"sampling must be 'gumbel' or 'categorical', got {sampling!r}")
-    return Proposal(tokens=tokens, prob=prob.float(), margin=stats["margin"],
+    prob = prob if prob.dtype == torch.float32 else prob.float()
+    return Proposal(tokens=tokens, prob=prob, margin=stats["margin"],
                     logit_margin=stats["logit_margin"], neg_entropy=stats["neg_entropy"],
                     argmax=stats["token"] if temperature > 0 else None)
 

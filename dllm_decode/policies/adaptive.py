@@ -78,7 +78,12 @@ class Threshold:
 
     def select(self, state: StepState) -> Tensor:
         score = step_score(state, self.score)  # ``random``: float32 uniforms, one draw per step
-        return (state.eligible & (score >= self.tau)) | top1_mask(score, state.eligible)
+        # eligible & (score >= tau | the row's best eligible position), i.e. ``top1_mask``
+        # folded in: one argmax, first maximum on ties
+        eligible = state.eligible
+        neg = torch.finfo(score.dtype).min
+        best = torch.where(eligible, score, neg).argmax(-1, keepdim=True)
+        return eligible & (score >= self.tau).scatter_(-1, best, True)
 
 
 @dataclass(frozen=True)

@@ -78,24 +78,28 @@ def rank_desc(score: Tensor, eligible: Tensor) -> Tensor:
     Ties go to the lower index (stable sort); ineligible positions rank after all eligible.
     """
     neg = torch.finfo(score.dtype).min if score.is_floating_point() else -(2**62)
-    key = torch.where(eligible, score, torch.full_like(score, neg))
+    key = torch.where(eligible, score, neg)
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices
-    ranks = torch.empty_like(order)
-    ranks.scatter_(-1, order, torch.arange(order.shape[-1], device=order.device)
-                   .expand_as(order).contiguous())
+    ranks = torch.argsort(order, dim=-1)  # the inverse permutation (exact, no ties)
     # ineligible entries sorted among -inf/min ties: push them behind every eligible one
-    return torch.where(eligible, ranks, torch.full_like(ranks, order.shape[-1]))
+    return torch.where(eligible, ranks, order.shape[-1])
 
 
 def topk_mask(score: Tensor, eligible: Tensor, k: Tensor) -> Tensor:
     """Commit the ``k [B]`` best eligible positions per row (no host sync)."""
-    return eligible & (rank_desc(score, eligible) < k[:, None])
+    neg = torch.finfo(score.dtype).min if score.is_floating_point() else -(2**62)
+    order = torch.sort(torch.where(eligible, score, neg), dim=-1, descending=True,
+                       stable=True).indices
+    # ranks as in ``rank_desc``; its push of ineligible entries is moot under ``& eligible``
+    return eligible & (torch.argsort(order, dim=-1) < k[:, None])
 
 
 def top1_mask(score: Tensor, eligible: Tensor) -> Tensor:
-    """The single best eligible position of each row that has one."""
-    return topk_mask(score, eligible, torch.ones(score.shape[0], dtype=torch.long,
-                                                 device=score.device))
+    """The single best eligible position of each row that has one (ties -> lowest index, as
+    ``topk_mask`` with ``k = 1``; one argmax, no sort)."""
+    neg = torch.finfo(score.dtype).min if score.is_floating_point() else -(2**62)
+    best = torch.where(eligible, score, neg).argmax(-1, keepdim=True)  # first maximum
+    return eligible & torch.zeros_like(eligible).scatter_(-1, best, True)
 
 
 def check_commit(state: StepState, commit: Tensor, *, allow_empty: bool = False) -> None:

@@ -184,11 +184,14 @@ class SchED:
             last_argmax=z(torch.long, batch, length))
 
     # ---- schedule ----------------------------------------------------------------------
-    def threshold(self, u: float) -> float:
-        """τ at clock ``u`` (clipped to [0, 1]); non-increasing in u."""
+    def threshold(self, u: float | Tensor) -> float | Tensor:
+        """τ at clock ``u`` (clipped to [0, 1]); non-increasing in u. A 0-d float64 tensor
+        ``u`` (the compiled step's ``progress``) gives a 0-d tensor by the same formulas."""
         hi, lo = self.tau_high, self.tau_low
         if hi == lo:
             return hi
+        if isinstance(u, Tensor):
+            return self._threshold_tensor(u)
         u = min(max(u, 0.0), 1.0)
         if self.tau_mode == "piecewise":
             mid = (hi + lo) / 2 if self.tau_mid is None else self.tau_mid
@@ -199,6 +202,24 @@ class SchED:
             return lo + (hi - lo) * w
         # an infinite end: drop zero-weight terms instead of forming inf * 0
         return (w * hi if w > 0 else 0.0) + ((1.0 - w) * lo if w < 1 else 0.0)
+
+    def _threshold_tensor(self, u: Tensor) -> Tensor:
+        """``threshold`` on a 0-d float64 tensor (no host value: a compiled step captures it
+        without specialising on the clock)."""
+        hi, lo = self.tau_high, self.tau_low
+        u = u.clamp(0.0, 1.0)
+        if self.tau_mode == "piecewise":
+            mid = (hi + lo) / 2 if self.tau_mid is None else self.tau_mid
+            return torch.where(u < 1 / 3, hi, torch.where(u < 2 / 3, mid, lo))
+        if self.tau_mode == "linear":
+            w = 1.0 - u
+        elif self.tau_mode == "cosine":
+            w = 0.5 * (1.0 + torch.cos(math.pi * u))
+        else:
+            w = torch.exp(-self.tau_k * u)
+        if math.isfinite(hi) and math.isfinite(lo):
+            return lo + (hi - lo) * w
+        return torch.where(w > 0, w * hi, 0.0) + torch.where(w < 1, (1.0 - w) * lo, 0.0)
 
     def clock(self, state: StepState) -> float:
         """Schedule clock: ``i / (T - 1)``; Prophet's phases use ``(i + 1) / T``."""
@@ -231,10 +252,10 @@ class SchED:
         """``stat`` of ``values [B, L]`` over ``focus [B, L]`` per row -> ``[B]`` (empty: -inf)."""
         n = focus.sum(1)
         if self.stat == "mean":
-            total = torch.where(focus, values, torch.zeros_like(values)).sum(1)
+            total = torch.where(focus, values, 0.0).sum(1)
             out = total / n.clamp(min=1)
         else:
-            key = torch.where(focus, values, torch.full_like(values, torch.inf))
+            key = torch.where(focus, values, torch.inf)
             ordered = torch.sort(key, dim=1).values
             top = (n - 1).clamp(min=0)
             if self.stat == "median":
@@ -247,7 +268,7 @@ class SchED:
                 v_hi = ordered.gather(1, hi_i[:, None])[:, 0]
                 frac = at - lo_i.to(values.dtype)
                 out = torch.where(frac > 0, v_lo + (v_hi - v_lo) * frac, v_lo)
-        return torch.where(n > 0, out, torch.full_like(out, -torch.inf))
+        return torch.where(n > 0, out, -torch.inf)
 
     def statistic(self, state: StepState) -> Tensor:
         """``[B]`` float32 ḡ of this step over the focus set (fresh margins only)."""
@@ -271,8 +292,9 @@ class SchED:
         prop, fresh, masked = state.proposal, state.fresh, state.masked
         margin, greedy = prop.logit_margin.float(), prop.greedy
         if mem is not None:
-            mem.last_margin.copy_(torch.where(fresh, margin, mem.last_margin))
-            mem.last_argmax.copy_(torch.where(fresh, greedy, mem.last_argmax))
+            # in place, one op each (an elementwise select may write over its own input)
+            torch.where(fresh, margin, mem.last_margin, out=mem.last_margin)
+            torch.where(fresh, greedy, mem.last_argmax, out=mem.last_argmax)
         region = self.region_mask(state)
         open_r = region & masked
         focus = open_r if self.average_over_masked else region & self._gen(state)
@@ -290,12 +312,12 @@ class SchED:
         if mem is None:  # stateless: changed = 1 every step, so patience is 1 iff the gate is off
             return checkable & ((n_open == 0) | fire)
         changed = ((greedy != mem.prev_argmax) & open_r).sum(1) / n_open.clamp(min=1)
-        changed = torch.where(mem.has_prev, changed, torch.ones_like(changed))
+        changed = torch.where(mem.has_prev, changed, 1.0)
         steady = (progress >= self.min_progress) & (changed <= self.max_change_ratio)
-        patience = torch.where(steady, mem.patience + 1, torch.zeros_like(mem.patience))
+        patience = torch.where(steady, mem.patience + 1, 0)
         stop = checkable & ((n_open == 0) | (fire & (patience > self.patience_steps)))
         mem.patience.copy_(torch.where(checkable, patience, mem.patience) * (size > 0))
-        mem.prev_argmax.copy_(torch.where(checkable[:, None], greedy, mem.prev_argmax))
+        torch.where(checkable[:, None], greedy, mem.prev_argmax, out=mem.prev_argmax)
         mem.has_prev |= checkable
         mem.stopped |= stop
         return mem.stopped.clone()

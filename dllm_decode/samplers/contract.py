@@ -68,18 +68,17 @@ class StepGuard:
                  exempt_stall: bool = False) -> None:
         self.policy = policy
         self.exempt_stall = exempt_stall
-        none = torch.full((batch,), -1, dtype=torch.long, device=device)
-        self.nonfinite_at = none.clone()  # [B] first step with non-finite scores (-1: none)
-        self.ineligible_at = none.clone()  # [B] first step with an ineligible commit
-        self.stalled_at = none.clone()  # [B] step at which the row was declared stalled
+        # [3, B] first step of each violation per row (-1: none), updated by one op per step:
+        # non-finite scores, an ineligible commit, the step the row was declared stalled
+        self._at = torch.full((3, batch), -1, dtype=torch.long, device=device)
+        self.nonfinite_at, self.ineligible_at, self.stalled_at = self._at.unbind(0)
         self.idle = torch.zeros(batch, dtype=torch.long, device=device)  # steps w/o commits
-        self.block_expected = torch.zeros(batch, dtype=torch.bool, device=device)
-        self.block_did = torch.zeros(batch, dtype=torch.bool, device=device)
+        self._block = torch.zeros(2, batch, dtype=torch.bool, device=device)  # one reset
+        self.block_expected, self.block_did = self._block.unbind(0)
 
     def start_block(self) -> None:
         """Reset the per-block progress record (sync-free)."""
-        self.block_expected.zero_()
-        self.block_did.zero_()
+        self._block.zero_()
 
     # ---- in the step loop (no sync) ---------------------------------------------------------
     def check_shape(self, commit: Any, eligible: Tensor) -> None:
@@ -93,7 +92,8 @@ class StepGuard:
                 f"{tuple(eligible.shape)} (or a types.Selection), got {got}")
 
     def observe(self, step: int, prop: Proposal, live: Tensor | None, eligible: Tensor,
-                budget: Tensor | None, commit: Tensor, block_steps: int, last: bool) -> None:
+                budget: Tensor | None, commit: Tensor, block_steps: int, last: bool,
+                expected: Tensor | None = None) -> None:
         """Record this step's violations.
 
         Args:
@@ -106,39 +106,44 @@ class StepGuard:
             block_steps: a whole block's worth of steps (the stall limit).
             last: this is the block's last step: a row that was expected to commit in the
                 block and never did is stalled, however few steps the block had.
+            expected: ``eligible.any(1)`` if the caller has it (saves the reduction).
         """
-        bad = ~(torch.isfinite(prop.prob) & torch.isfinite(prop.neg_entropy))
+        # prob and entropy are both finite iff their sum is (|prob| <= 1, |H| <= log V)
+        ok = torch.isfinite(prop.prob + prop.neg_entropy)
         if live is not None:
-            bad &= live
-        self._first(self.nonfinite_at, bad.any(1), step)
-        self._first(self.ineligible_at, (commit & ~eligible).any(1), step)
+            ok |= ~live
+        nonfinite = ~ok.all(1)
+        ineligible = (commit & ~eligible).any(1)
         if self.exempt_stall:
+            self._first(torch.stack([nonfinite, ineligible, torch.zeros_like(nonfinite)]), step)
             return
-        expected = eligible.any(1)
+        if expected is None:
+            expected = eligible.any(1)
         if budget is not None:
-            expected &= budget > 0
+            expected = expected & (budget > 0)
         did = commit.any(1)
-        self.idle = torch.where(did, 0, self.idle + expected.long())
+        self.idle = torch.where(did, 0, self.idle + expected)
         self.block_expected |= expected
         self.block_did |= did
         stalled = self.idle >= block_steps
         if last:
             stalled |= self.block_expected & ~self.block_did
-        self._first(self.stalled_at, stalled, step)
+        self._first(torch.stack([nonfinite, ineligible, stalled]), step)
 
-    @staticmethod
-    def _first(at: Tensor, now: Tensor, step: int) -> None:
-        at.copy_(torch.where(now & (at < 0), step, at))
+    def _first(self, now: Tensor, step: int) -> None:
+        """Record ``step`` where ``now [3, B]`` is set and nothing was recorded yet (in place,
+        so the ``*_at`` views follow)."""
+        self._at.masked_fill_(now & (self._at < 0), step)
 
     def flag(self) -> Tensor:
-        """0-d int64: number of rows with a violation so far (fold into the step's sync)."""
-        return ((self.nonfinite_at >= 0) | (self.ineligible_at >= 0) |
-                (self.stalled_at >= 0)).sum()
+        """0-d int64: the latest first-violation step of any row, -1 if there is none (fold
+        into the step's sync; ``raise_if`` takes its value)."""
+        return self._at.max()
 
     # ---- host side --------------------------------------------------------------------------
     def raise_if(self, n_bad: int) -> None:
-        """``n_bad``: the synced ``flag()``; if nonzero, sync the details and raise."""
-        if not n_bad:
+        """``n_bad``: the synced ``flag()``; if >= 0, sync the details and raise."""
+        if n_bad < 0:
             return
         nonfinite = _rows(self.nonfinite_at)
         if nonfinite:

@@ -29,6 +29,8 @@ class ProposalMaker:
         self.cfg = cfg
         self.generator = generator
         self.after_select = False
+        #: the kernel implementation, resolved once here (not inside a compiled step)
+        self.impl = kernels.resolve_impl(cfg.impl, generator.device)
         self.mask_id = model.mask_token_id
         self.sampling = cfg.sampling or ("categorical" if family == "dream" else "gumbel")
         eos = tuple(getattr(model, "eos_token_ids", ()) or ())
@@ -46,15 +48,15 @@ class ProposalMaker:
         """
         cfg = self.cfg
         # the mask token is never a proposal (a committed MASK would stay masked forever)
-        logits[..., self.mask_id] = -torch.inf
+        logits.select(-1, self.mask_id).fill_(-torch.inf)
         if cfg.logits_eos_inf:
-            logits[..., self.eos] = -torch.inf
+            logits.select(-1, self.eos).fill_(-torch.inf)
         noise = None
         if cfg.temperature > 0 and cfg.rng == "reference":
             noise = self._reference_noise(logits, fed, rows, masked, n_masked)
         prop = kernels.propose(logits, temperature=cfg.temperature, sampling=self.sampling,
                                top_p=cfg.top_p, top_k=cfg.top_k, noise=noise,
-                               generator=self.generator, impl=cfg.impl)
+                               generator=self.generator, impl=self.impl)
         if cfg.confidence_eos_eot_inf and self.sampling == "gumbel":
             prop = self._demote_eos(logits, prop)
         return prop
@@ -164,12 +166,31 @@ def put(base: Tensor, rows: Tensor, x: Tensor, live: Tensor | None = None) -> Te
     return out[:, :length]
 
 
-def widen(prop: Proposal, canvas: Tensor, rows: Tensor, live: Tensor | None = None) -> Proposal:
+def widen(prop: Proposal, canvas: Tensor, rows: Tensor, live: Tensor | None = None,
+          span: tuple[int, int] | None = None, span_mask: Tensor | None = None) -> Proposal:
     """Scatter a ``[B, R]`` proposal into ``[B, L]`` (unscored positions: current token, 0).
 
     ``rows`` is ``[R]`` (shared) or ``[B, R]`` (per row, see ``take``); ``live [B, R]``
-    selects the entries written (``None``: all).
+    selects the entries written (``None``: all). ``span=(lo, hi)`` says ``rows`` is
+    ``arange(lo, hi)``: the four float fields are then zero-padded to the canvas in one op,
+    and the tokens placed with one select against ``span_mask`` (``[B, L]`` bool, True on
+    the span; a few ops instead of a scatter per field).
     """
+    floats = (prop.prob, prop.margin, prop.logit_margin, prop.neg_entropy)
+    if span is not None and live is None and all(f.dtype == prop.prob.dtype for f in floats):
+        lo, hi = span
+        pad = (lo, canvas.shape[1] - hi)  # zero-pad [.., R] to the canvas [.., L]
+        prob, margin, logit_margin, neg_entropy = F.pad(torch.stack(floats), pad).unbind(0)
+
+        def tok(x: Tensor) -> Tensor:
+            if span_mask is not None:
+                return torch.where(span_mask, F.pad(x, pad), canvas)
+            return torch.cat([canvas[:, :lo], x, canvas[:, hi:]], dim=1)
+
+        return Proposal(tokens=tok(prop.tokens), prob=prob, margin=margin,
+                        logit_margin=logit_margin, neg_entropy=neg_entropy,
+                        argmax=None if prop.argmax is None else tok(prop.argmax))
+
     def put_(x: Tensor, base: Tensor) -> Tensor:
         return put(base, rows, x, live)
 

@@ -16,11 +16,19 @@ from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
 from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.batching import decode_groups, split_rows
-from dllm_decode.samplers.contract import StepGuard, force_block_end
+from dllm_decode.samplers.contract import StepGuard
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.params import build_policy, replace_config
-from dllm_decode.samplers.proposals import ProposalMaker, widen
-from dllm_decode.types import Generation, Selection, StepState
+from dllm_decode.samplers.proposals import ProposalMaker
+from dllm_decode.samplers.step import (
+    SpanMasks,
+    StepParts,
+    bits_per_step,
+    compile_step,
+    post_forward,
+    step_progress,
+)
+from dllm_decode.types import Generation, Impl, StepState
 
 OnStep = Callable[[StepState, Tensor], None]
 
@@ -67,6 +75,13 @@ class DiffusionSampler:
             policy's ``preferred_cache``, else ``"none"``).
         debug: also assert the full commit contract every step (``check_commit``; the cheap
             part, ``samplers.contract``, is enforced on every run).
+        compile: run each step's work after the forward (propose, select, contract, stop,
+            commit; ``samplers.step.post_forward``) through ``torch.compile(fullgraph=True)``
+            (``mode="reduce-overhead"`` on CUDA); a string names the ``torch.compile``
+            backend (``True``: Inductor). Compiled once per sampler, on the first
+            ``generate`` (reuse the sampler). Tokens equal the eager loop's; ``bits`` may differ
+            in the last float32 digits. Not for policies that run extra forwards or draw
+            data-dependent shapes (``rng="reference"`` sampling, Dream ``origin``): they raise.
         **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``; only
             with a preset name or an import path), split and checked by
             ``samplers.params.build_policy``. Unknown names raise ``ValueError`` with the
@@ -79,7 +94,8 @@ class DiffusionSampler:
     """
 
     def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
-                 cache: str | None = None, *, debug: bool = False, **params: Any) -> None:
+                 cache: str | None = None, *, debug: bool = False, compile: bool | str = False,
+                 **params: Any) -> None:
         cfg_params, self.policy = build_policy(policy, params)  # the one split (with build_sampler)
         self.model = model
         # the one place the policy's declared capabilities are read and validated
@@ -95,6 +111,8 @@ class DiffusionSampler:
             cache = self.capabilities.selector.preferred_cache or "none"
         self.config = SamplerConfig(cache=cache, **cfg_params)
         self.debug = debug
+        self.compile = compile
+        self._compiled: Any = None  # the compiled step, built on first use (per device)
 
     def __repr__(self) -> str:
         return f"DiffusionSampler(policy={self.policy.name!r}, cache={self.config.cache.value!r})"
@@ -158,6 +176,11 @@ class DiffusionSampler:
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
         guard = StepGuard(b, device, policy.name, exempt_stall=sel_caps.may_commit_nothing)
+        if self.compile:  # the compiler fuses the torch reference itself
+            maker.impl = Impl.REFERENCE
+        parts = StepParts(maker, selector, stopper, guard, caps.needs_logits,
+                          sel_caps.proposes_after_select)
+        run_step = self._step_function(caps, cfg, device)
 
         memory = init_memory_of(selector, b, length, device)
         pos_idx = torch.arange(length, device=device)
@@ -166,20 +189,24 @@ class DiffusionSampler:
         # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block
         lookahead = sel_caps.lookahead
         nfe = torch.zeros(b, dtype=torch.long, device=device)
-        commit_step = torch.full((b, g), -1, dtype=torch.long, device=device)
         lengths = torch.full((b,), g, dtype=torch.long, device=device)
-        bits: list[Tensor] = []
+        # per-generation records, written in place at commits (one op each per step); bits
+        # and commit steps are derived from them after the loop
+        commit_at = torch.full((b, length), -1, dtype=torch.long, device=device)
+        commit_prob = torch.ones(b, length, dtype=torch.float64, device=device)
+        spans = SpanMasks(b, length, device)
         refreshed: list[Tensor] = []  # [B] per step, stacked at the end (no sync)
         step_forwards: list[int] = []  # host counters: model calls per step
         step = forwards = 0
         total_steps = sum(block_steps) if block_steps else g
 
         for blk, (bs, be, aligned) in enumerate(layout):
-            masked = canvas == mask_id
-            n_block = masked[:, bs:be].sum(1)
             steps_per_block = block_steps[blk] if block_steps else None
             n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
+            budgets = None  # LLaDA: the block's whole budget schedule [B, S], once per block
+            if steps_per_block and schedule != "dream":
+                budgets = sch.llada_budgets((canvas[:, bs:be] == mask_id).sum(1), n_iter)
             guard.start_block()
             for i in range(n_iter):
                 masked = canvas == mask_id
@@ -190,8 +217,9 @@ class DiffusionSampler:
                                     final=bool(steps_per_block) and i == n_iter - 1)
                 # the one host sync per step: is anything still masked in this block? (plus
                 # the integers the plan needs to shape its forward, and the contract's flag)
-                n_left, n_masked, n_bad, *host = torch.cat([torch.stack(
-                    [masked[:, bs:be].sum(), masked.sum(), guard.flag()]), need]).tolist()
+                counts = [masked[:, bs:be].sum(), masked.sum(), guard.flag()]
+                n_left, n_masked, n_bad, *host = (torch.stack(counts) if need is None else
+                                                  torch.cat([torch.stack(counts), need])).tolist()
                 guard.raise_if(n_bad)
                 if n_left == 0 and not (cfg.exact_steps and steps_per_block):
                     break
@@ -203,64 +231,47 @@ class DiffusionSampler:
                 if cfg_on:
                     cond, uncond = logits.chunk(2)
                     logits = uncond + (cfg.cfg_scale + 1) * (cond - uncond)
-                rows = fed.rows.to(device)
-                rows = rows[:b] if rows.dim() == 2 else rows
+                rows = fed.rows if fed.rows.dim() == 1 else fed.rows[:b]
                 live = None if fed.live is None else fed.live[:b]
-                fresh = fed.fresh_mask(b, length)
-                eligible = masked & fresh & (pos_idx < reach)[None]
-                prop = maker.propose(logits, fed, rows, masked, n_masked)
-                full_prop = widen(prop, canvas, rows, live)
+                if fed.span is not None and live is None:  # contiguous rows: cached masks
+                    fresh = spans.get(*fed.span)
+                    eligible = masked & spans.get(fed.span[0], min(fed.span[1], reach))
+                else:
+                    fresh = fed.fresh_mask(b, length)
+                    eligible = masked & fresh & spans.get(0, reach)
                 budget = None
-                if steps_per_block:
-                    budget = (sch.dream_budget(masked, times, i, n_iter) if schedule == "dream"
-                              else sch.llada_budget(n_block, i, n_iter))
-                step_model = _StepModel(model, plan, maker, model_canvas, nfe,
-                                        eligible.any(1), b, enabled=not cfg_on)
-                state = StepState(
-                    proposal=full_prop, eligible=eligible, masked=masked,
-                    fresh=fresh, canvas=canvas, step=step, block=blk,
-                    block_start=bs, block_end=be, gen_start=p,
+                if budgets is not None:
+                    budget = budgets[:, i]
+                elif steps_per_block:
+                    budget = sch.dream_budget(masked, times, i, n_iter)
+                active = eligible.any(1)
+                step_model = _StepModel(model, plan, maker, model_canvas, nfe, active, b,
+                                        enabled=not cfg_on)
+                info = dict(
+                    step=step, block=blk, block_start=bs, block_end=be, gen_start=p,
                     steps_left=(n_iter - i) if steps_per_block or times is not None else None,
-                    budget=budget, progress=step / max(total_steps - 1, 1), generator=gen,
+                    progress=step_progress(step / max(total_steps - 1, 1), self.compile, device),
+                    generator=gen,
                     forward_start=fed.fed_start, forward_width=fed.fed_width,
                     times=(times[i], times[i + 1]) if times is not None else None,
-                    memory=memory, logits=logits if caps.needs_logits else None,
-                    extras={"n_masked": n_masked, "lengths": lengths,
-                            "refresh": fed.refresh, "total_steps": total_steps},
-                    rows=rows, refreshed=fed.refreshed_rows(b), model=step_model,
-                )
-                chosen = selector.select(state)
-                sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
-                commit = sel.commit
+                    memory=memory, extras={"n_masked": n_masked, "lengths": lengths,
+                                           "refresh": fed.refresh, "total_steps": total_steps},
+                    model=step_model, refreshed=spans.flag(fed.refresh)
+                    if fed.refreshed is None else fed.refreshed[:b])
+                # the contract's per-step inputs (samplers.contract; see post_forward)
+                ctl = dict(n_masked=n_masked, active=active, last=i == n_iter - 1,
+                           stall_limit=min(n_iter, be - bs),
+                           force_end=spans.get(bs, be) if i == n_iter - 1 and lo == p else None)
+                out = run_step(parts, fed, logits, rows, live, canvas, masked, fresh, eligible,
+                               budget, commit_at, commit_prob, info, ctl)
+                state, commit, canvas, commit_prob = out.state, out.commit, out.canvas, \
+                    out.commit_prob
                 forwards += step_model.calls
-                # the contract (samplers.contract): recorded here, raised at the next sync; the
-                # block's last step commits whatever an under-committing policy left
-                guard.check_shape(commit, eligible)
-                guard.observe(step, prop, live, eligible, budget, commit,
-                              min(n_iter, be - bs), last=i == n_iter - 1)
-                if i == n_iter - 1 and lo == p:  # (prompt masks: LLaDA's carry-over, kept)
-                    commit = force_block_end(commit, eligible, (bs, be))
                 if self.debug:
-                    check_commit(state, commit, allow_empty=sel_caps.may_commit_nothing)
-                tokens, prob = full_prop.tokens, full_prop.prob
-                if sel.tokens is not None:
-                    tokens = torch.where(commit, sel.tokens, tokens)
-                if sel.prob is not None:
-                    prob = torch.where(commit, sel.prob.to(prob.dtype), prob)
-                if sel_caps.proposes_after_select:
-                    tokens = maker.resample_committed(logits, rows, commit, tokens)
-                if stopper is not None:
-                    stop = stopper.should_stop(state)
-                    greedy = stop[:, None] & masked & fresh
-                    tokens = torch.where(greedy & ~commit, full_prop.greedy, tokens)
-                    commit = commit | greedy
-                canvas = torch.where(commit, tokens, canvas)
-                nll = -torch.log(prob.double().clamp_min(1e-300))
-                bits.append(torch.where(commit, nll, 0.0).sum(1))
+                    check_commit(state, out.selected, allow_empty=sel_caps.may_commit_nothing)
                 refreshed.append(state.refreshed)
                 step_forwards.append(1 + step_model.calls)
-                commit_step[commit[:, p:]] = step
-                nfe += eligible.any(1).long()
+                nfe += active
                 if truncator is not None:
                     new_len = truncator.truncate(state, commit).clamp(max=g)
                     lengths = torch.minimum(lengths, new_len)
@@ -273,12 +284,28 @@ class DiffusionSampler:
                     on_step(state, commit)
                 step += 1
         guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
-        bits_t = torch.stack(bits, 1) if bits else torch.zeros(b, 0, dtype=torch.float64)
+        bits_t = bits_per_step(commit_at, commit_prob, step)
         refreshed_t = (torch.stack(refreshed, 1) if refreshed
                        else torch.zeros(b, 0, dtype=torch.bool, device=device))
         return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
-                          commit_step=commit_step, bits=bits_t, lengths=lengths,
+                          commit_step=commit_at[:, p:].clone(), bits=bits_t, lengths=lengths,
                           refreshed=refreshed_t, step_forwards=step_forwards)
+
+    def _step_function(self, caps: Capabilities, cfg: SamplerConfig,
+                       device: torch.device) -> Callable[..., Any]:
+        """``post_forward``, compiled when ``compile=True`` (once per sampler and device)."""
+        if not self.compile:
+            return post_forward
+        sel = caps.selector
+        if sel.extra_forwards or (cfg.temperature > 0 and cfg.rng == "reference") or \
+                sel.proposes_after_select:
+            raise ValueError(f"compile=True does not support policy {self.policy.name!r} with "
+                             "these settings (extra forwards, or rng='reference' sampling with "
+                             "data-dependent shapes); use compile=False")
+        if self._compiled is None or self._compiled[0] != device.type:
+            backend = "inductor" if self.compile is True else str(self.compile)
+            self._compiled = (device.type, compile_step(device, backend))
+        return self._compiled[1]
 
     # ---- layout --------------------------------------------------------------------------
     def _layout(self, cfg: SamplerConfig, p: int, length: int) -> list[tuple[int, int, int]]:
@@ -328,10 +355,19 @@ class _StepModel:
         self.mask_token_id = model.mask_token_id
         self.eos_token_ids = tuple(model.eos_token_ids or ())
         self.block_size = getattr(model, "block_size", None)
-        self.positions, self.valid = plan.positions[:batch], plan.valid[:batch]
         self.calls = 0
-        self._plan, self._maker, self._canvas = plan, maker, canvas
+        self._plan, self._maker, self._canvas, self._batch = plan, maker, canvas, batch
         self._nfe, self._active, self._enabled = nfe, default_active, enabled
+
+    @property
+    def positions(self) -> Tensor:
+        """``[B, L]`` RoPE positions (sliced on use: most steps never ask)."""
+        return self._plan.positions[:self._batch]
+
+    @property
+    def valid(self) -> Tensor:
+        """``[B, L]`` key validity."""
+        return self._plan.valid[:self._batch]
 
     def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor,
                 active: Tensor | None = None) -> Tensor:

@@ -35,6 +35,12 @@ def llada_budget(n_block: Tensor, step: int, steps: int) -> Tensor:
     return n_block // steps + (step < n_block % steps).long()
 
 
+def llada_budgets(n_block: Tensor, steps: int) -> Tensor:
+    """``[B, steps]``: ``llada_budget`` of every step of a block, computed once per block."""
+    at = torch.arange(steps, device=n_block.device)
+    return n_block[:, None] // steps + (at[None] < (n_block % steps)[:, None]).long()
+
+
 def dream_times(steps: int, eps: float, device: torch.device | str = "cpu") -> Tensor:
     """Dream's float32 time grid ``linspace(1, eps, steps + 1)``."""
     return torch.linspace(1, eps, steps + 1, device=device)

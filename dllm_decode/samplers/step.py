@@ -1,0 +1,181 @@
+"""The work of one decode step after the model forward, as one function a compiler can capture.
+
+``post_forward`` runs: propose (one pass over V for the fed rows) -> widen to the canvas ->
+``StepState`` -> select -> the decode contract (``samplers.contract``: recorded on device,
+raised at the next sync; the block's last step commits what a policy left) -> stop ->
+commit -> the per-generation records. It makes no host sync
+and branches only on host values fixed before it is called (the step's integers, the parts'
+declared capabilities), so ``torch.compile(post_forward, fullgraph=True)`` captures it whole
+for the common presets (``DiffusionSampler(compile=True)``; on a GPU with
+``mode="reduce-overhead"``, i.e. a CUDA graph per shape). The sampler keeps the forward, the
+one host sync per step and the optional truncation / EOS fill / callbacks around it.
+"""
+
+from __future__ import annotations
+
+import types
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.cache.plans import Fed
+from dllm_decode.samplers.contract import StepGuard
+from dllm_decode.samplers.proposals import ProposalMaker, widen
+from dllm_decode.types import Selection, StepState
+
+
+@dataclass(frozen=True)
+class StepParts:
+    """What ``post_forward`` needs that is fixed for a generation.
+
+    Args:
+        maker: the ``ProposalMaker``.
+        selector, stopper: the bound policy parts (``stopper`` may be ``None``).
+        guard: the generation's ``samplers.contract.StepGuard``.
+        needs_logits: hand the step's logits to the policy (``StepState.logits``).
+        after_select: tokens of committed positions are drawn after selection (Dream origin).
+    """
+
+    maker: ProposalMaker
+    selector: Any
+    stopper: Any
+    guard: StepGuard
+    needs_logits: bool
+    after_select: bool
+
+
+@dataclass
+class StepOut:
+    """``post_forward``'s result: the new canvas ``[B, L]``, the commit mask ``[B, L]`` (with
+    the stopper's greedy commits), the selector's own mask ``selected [B, L]``, the updated
+    ``commit_prob [B, L]`` and the step's ``StepState``."""
+
+    canvas: Tensor
+    commit: Tensor
+    selected: Tensor
+    commit_prob: Tensor
+    state: StepState
+
+
+def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live: Tensor | None,
+                 canvas: Tensor, masked: Tensor, fresh: Tensor, eligible: Tensor,
+                 budget: Tensor | None, commit_at: Tensor, commit_prob: Tensor,
+                 info: dict[str, Any], ctl: dict[str, Any]) -> StepOut:
+    """One step after the forward. No host sync (except in ``rng="reference"`` modes that
+    draw data-dependent shapes, which the compiled path refuses).
+
+    Args:
+        parts: the generation's ``StepParts``.
+        fed: the plan's ``Fed`` (for the reference RNG shapes); ``logits [B, R, V]`` its
+            logits after CFG (edited in place: the mask token becomes -inf).
+        rows, live: the scored canvas positions ``[R]`` / ``[B, R]`` and their live flags.
+        canvas, masked, fresh, eligible: ``[B, L]`` this step's tensors.
+        budget: ``[B]`` int64 scheduled commits or ``None``.
+        commit_at: ``[B, L]`` int64 step of each commit (-1: none), written in place.
+        commit_prob: ``[B, L]`` float64 probability each position was committed with.
+        info: the remaining ``StepState`` fields (``step``, ``block``, ... ``model``).
+        ctl: ``n_masked`` (int, masked positions of the batch), ``active`` (``[B]`` rows
+            with an eligible position), and the contract's inputs:
+            ``last`` (the block's last step), ``stall_limit`` (a block's worth of steps),
+            ``force_end`` (``[B, L]`` bool block mask on a last step that commits every
+            eligible position left, else ``None``).
+    """
+    maker = parts.maker
+    prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"])
+    full_prop = widen(prop, canvas, rows, live, span=fed.span, span_mask=fresh)
+    state = StepState(proposal=full_prop, eligible=eligible, masked=masked, fresh=fresh,
+                      canvas=canvas, budget=budget, rows=rows,
+                      logits=logits if parts.needs_logits else None,
+                      **info)
+    chosen = parts.selector.select(state)
+    sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
+    commit = sel.commit
+    guard = parts.guard
+    guard.check_shape(commit, eligible)
+    guard.observe(info["step"], prop, live, eligible, budget, commit, ctl["stall_limit"],
+                  last=ctl["last"], expected=ctl["active"])
+    if ctl["force_end"] is not None:  # force_block_end (prompt masks: LLaDA's carry-over)
+        commit = commit | (eligible & ctl["force_end"])
+    selected = commit
+    tokens, prob = full_prop.tokens, full_prop.prob
+    if sel.tokens is not None:
+        tokens = torch.where(commit, sel.tokens, tokens)
+    if sel.prob is not None:
+        prob = torch.where(commit, sel.prob.to(prob.dtype), prob)
+    if parts.after_select:
+        tokens = maker.resample_committed(logits, rows, commit, tokens)
+    if parts.stopper is not None:
+        stop = parts.stopper.should_stop(state)
+        greedy = stop[:, None] & masked & fresh
+        if full_prop.argmax is not None:  # sampled proposals: stops take the argmax
+            tokens = torch.where(greedy & ~commit, full_prop.argmax, tokens)
+        commit = commit | greedy
+    canvas = torch.where(commit, tokens, canvas)
+    commit_at.masked_fill_(commit, info["step"])
+    commit_prob = torch.where(commit, prob, commit_prob)
+    return StepOut(canvas, commit, selected, commit_prob, state)
+
+
+def compile_step(device: torch.device, backend: str = "inductor") -> Any:
+    """``torch.compile(post_forward, fullgraph=True)``; on CUDA with Inductor
+    ``mode="reduce-overhead"`` (CUDA graphs). ``backend``: any ``torch.compile`` backend
+    (``"eager"`` checks the capture without code generation)."""
+    mode = "reduce-overhead" if device.type == "cuda" and backend == "inductor" else None
+    # a fresh code object per sampler: Dynamo's recompile budget (and cache) is per code
+    # object, and every sampler (policy x cache mode) needs a few graphs of its own
+    fn = types.FunctionType(post_forward.__code__.replace(), post_forward.__globals__,
+                            "post_forward")
+    return torch.compile(fn, fullgraph=True, backend=backend, mode=mode)
+
+
+class SpanMasks:
+    """Per-generation memo of ``[B, L]`` masks of canvas spans ``[lo, hi)`` and of ``[B]``
+    constant flags: a block's steps reuse them instead of building them every step.
+    The tensors are shared between steps and must not be written to (``StepState`` is a
+    read-only view)."""
+
+    def __init__(self, batch: int, length: int, device: torch.device) -> None:
+        self.batch, self.length, self.device = batch, length, device
+        self._pos = torch.arange(length, device=device)
+        self._spans: dict[tuple[int, int], Tensor] = {}
+        self._flags: dict[bool, Tensor] = {}
+
+    def get(self, lo: int, hi: int) -> Tensor:
+        """``[B, L]`` bool: ``lo <= position < hi`` (an expanded view; read-only)."""
+        out = self._spans.get((lo, hi))
+        if out is None:
+            one = (self._pos >= lo) & (self._pos < hi)
+            out = self._spans[(lo, hi)] = one[None].expand(self.batch, -1)
+        return out
+
+    def flag(self, value: bool) -> Tensor:
+        """``[B]`` bool filled with ``value`` (read-only)."""
+        out = self._flags.get(value)
+        if out is None:
+            out = self._flags[value] = torch.full((self.batch,), value, device=self.device)
+        return out
+
+
+def bits_per_step(commit_at: Tensor, commit_prob: Tensor, steps: int, chunk: int = 64) -> Tensor:
+    """``[B, steps]`` float64 information committed per step: the sum of ``-log p`` over the
+    positions committed at that step (``commit_at [B, L]``, -1: never; ``commit_prob [B, L]``
+    the probability each was committed with). Computed once after the loop, per step as a
+    masked row sum over the canvas (the same reduction a per-step sum would do)."""
+    b = commit_at.shape[0]
+    nll = -torch.log(commit_prob.double().clamp_min(1e-300))
+    out = [torch.zeros(b, 0, dtype=torch.float64, device=nll.device)]
+    for s0 in range(0, steps, chunk):
+        at = torch.arange(s0, min(s0 + chunk, steps), device=nll.device)
+        hit = commit_at[:, None, :] == at[None, :, None]  # [B, S', L]
+        out.append(torch.where(hit, nll[:, None, :], 0.0).sum(2))
+    return torch.cat(out, 1)
+
+
+def step_progress(value: float, compiled: bool | str, device: torch.device) -> float | Tensor:
+    """``StepState.progress``: a float, or under ``compile`` a 0-d float64 tensor (a host
+    float would specialise the compiled step on its value and recompile every step)."""
+    if not compiled:
+        return value
+    return torch.tensor(value, dtype=torch.float64, device=device)
