@@ -32,15 +32,14 @@ Deviations from the papers / released code:
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from dataclasses import dataclass, fields
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import bind_of, init_memory_of
-from dllm_decode.policies.capabilities import Capabilities, capabilities_of
 from dllm_decode.policies.registry import Policy, make_policy, register
+from dllm_decode.policies.supervised import PairedMemory, Supervised  # noqa: F401 (re-export)
 from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import StepState
 
@@ -65,14 +64,6 @@ class SchEDMemory:
     stopped: Tensor
     last_margin: Tensor
     last_argmax: Tensor
-
-
-@dataclass
-class PairedMemory:
-    """Memory of a ``Supervised`` selector: the base selector's and the stopper's."""
-
-    selector: Any
-    stopper: Any
 
 
 @dataclass(frozen=True)
@@ -321,49 +312,6 @@ class SchED:
         mem.has_prev |= checkable
         mem.stopped |= stop
         return mem.stopped.clone()
-
-
-@dataclass(frozen=True)
-class Supervised:
-    """A selector that also owns its stopper's memory (the sampler initialises only the
-    selector's). ``select`` runs the base selector with its own memory; the stopper finds its
-    memory at ``state.memory.stopper``. Any other attribute is the base selector's.
-    The base sees the sampler's per-row budgets: stops are per row, so rows diverge.
-    ``bind`` binds the base and the stopper and returns a ``Supervised`` again, whatever the
-    base's ``bind`` returns, so the paired memory survives any base (Learn2PD, EoTP, ...).
-    """
-
-    selector: Any
-    stopper: Any
-
-    def bind(self, model: Any, cfg: Any = None) -> Supervised:
-        """A copy with the base selector and the stopper bound to ``model`` / ``cfg``."""
-        sel, stop = bind_of(self.selector, model, cfg), bind_of(self.stopper, model, cfg)
-        if sel is self.selector and stop is self.stopper:
-            return self
-        return replace(self, selector=sel, stopper=stop)
-
-    @property
-    def capabilities(self) -> Capabilities:
-        """The base selector's."""
-        return capabilities_of(self.selector)
-
-    def __getattr__(self, name: str) -> Any:
-        # any other attribute (a hook or parameter of the base) is the base selector's
-        if name.startswith("__") or name in ("selector", "stopper"):
-            raise AttributeError(name)
-        return getattr(self.selector, name)
-
-    def init_memory(self, batch: int, length: int, device: torch.device) -> PairedMemory:
-        init = getattr(self.stopper, "init_memory", None)
-        return PairedMemory(selector=init_memory_of(self.selector, batch, length, device),
-                            stopper=init(batch, length, device) if init else None)
-
-    def select(self, state: StepState) -> Tensor:
-        """The base selector's result (a commit mask ``[B, L]`` or a ``Selection``)."""
-        mem = state.memory
-        own = mem.selector if isinstance(mem, PairedMemory) else mem
-        return self.selector.select(replace(state, memory=own))
 
 
 _SCHED_FIELDS = frozenset(f.name for f in fields(SchED))
