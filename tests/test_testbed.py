@@ -11,6 +11,7 @@ import pytest
 import torch
 import yaml
 
+from dllm_decode.eval.runner import left_pad
 from dllm_decode.models.calibration import Calibration
 from dllm_decode.models.oracle import NEG_LOGIT
 from dllm_decode.train.testbed import (
@@ -22,7 +23,7 @@ from dllm_decode.train.testbed import (
     waiting_line_records,
     write_tokenizer,
 )
-from dllm_decode.train.testbed_eval import decode_tasks, left_pad
+from dllm_decode.train.testbed_eval import decode_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 G = TESTBED_GEN_LENGTH

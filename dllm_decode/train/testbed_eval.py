@@ -18,20 +18,6 @@ from dllm_decode.train.testbed import (
 )
 
 
-def left_pad(prompts: Sequence[Sequence[int]], pad_id: int,
-             align: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """Left-padded ids ``[B, P]`` and attention mask ``[B, P]`` (P rounded up to ``align``)."""
-    width = max(len(p) for p in prompts)
-    if align:
-        width += (-width) % align
-    ids = torch.full((len(prompts), width), pad_id, dtype=torch.long)
-    attn = torch.zeros(len(prompts), width, dtype=torch.long)
-    for i, p in enumerate(prompts):
-        ids[i, width - len(p):] = torch.tensor(list(p))
-        attn[i, width - len(p):] = 1
-    return ids, attn
-
-
 @torch.no_grad()
 def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | None = None,
                  tasks: Sequence[str] = TESTBED_TASKS, policy: str = "low_confidence",
@@ -44,6 +30,7 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     """
     from dllm_decode import DiffusionSampler
     from dllm_decode.eval.parallelbench.generate import split_seed
+    from dllm_decode.eval.runner import left_pad
 
     g = TESTBED_GEN_LENGTH
     kwargs = {"gen_length": g, "block_length": g, "steps": g, "temperature": 0.0}
@@ -54,7 +41,7 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
         base = split_seed(f"waiting_line/{task}", split)
         records = waiting_line_records(task, n, base + (seed or 0), split=split)
         prompts = [oracle.encode_prompt(task, r) for r in records]
-        ids, attn = left_pad(prompts, oracle.pad_token_id, getattr(model, "block_size", None))
+        ids, attn = left_pad(prompts, oracle.pad_token_id)  # block models align themselves
         gen = sampler.generate(ids, attn)
         rows = []
         for rec, answer, nfe in zip(records, gen.answer.tolist(), gen.nfe.tolist(), strict=True):
