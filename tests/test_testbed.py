@@ -170,6 +170,43 @@ def test_distill_runs_resumes_and_exports(tmp_path: Path, one_thread: None) -> N
         distill(DistillConfig(out=str(tmp_path / "a"), steps=4, **common))
 
 
+
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_growing_depth_keeps_the_shallow_models_function(tmp_path: Path, family: str,
+                                                         one_thread: None) -> None:
+    from dllm_decode.train.distill import (
+        DistillConfig,
+        build_student,
+        distill,
+        distill_loss,
+        grow_into,
+        make_batch,
+    )
+
+    oracle = waiting_line_oracle()
+    common = dict(family=family, hidden=32, heads=2, intermediate=64, batch_size=4,
+                  log_every=2, ckpt_every=2, eval_every=0, eval_size=1)
+    shallow_cfg = DistillConfig(out=str(tmp_path / "s"), steps=2, layers=2, **common)
+    distill(shallow_cfg)
+    state = torch.load(tmp_path / "s/checkpoint.pt", weights_only=False)["model"]
+    shallow = build_student(shallow_cfg, oracle)
+    shallow.load_state_dict(state)
+    deep = build_student(DistillConfig(layers=5, seed=3, **common), oracle)
+    grow_into(deep, state)
+    batch = make_batch(shallow_cfg, oracle, 7)
+    with torch.no_grad():
+        assert torch.equal(distill_loss(shallow.eval(), *batch)[0],
+                           distill_loss(deep.eval(), *batch)[0])
+        assert torch.count_nonzero(deep.layers[1].attn.o_proj.weight) == 0
+    assert torch.equal(deep.layers[2].attn.q_proj.weight, shallow.layers[1].attn.q_proj.weight)
+    with pytest.raises(ValueError, match="cannot grow a 2-layer model into 1 layers"):
+        grow_into(build_student(DistillConfig(layers=1, **common), oracle), state)
+    with pytest.raises(ValueError, match="grow_from must be a run's checkpoint.pt"):
+        DistillConfig(grow_from=str(tmp_path / "missing.pt"))
+    grown = distill(DistillConfig(out=str(tmp_path / "g"), steps=2, layers=3,
+                                  grow_from=str(tmp_path / "s/checkpoint.pt"), **common))
+    assert grown["config"]["layers"] == 3 and "--grow-from" in grown["command"]
+
 # ---- evaluation defaults that fit the bundled checkpoints ------------------------------------
 
 def test_grids_naming_a_bundled_tiny_model_are_zero_shot() -> None:

@@ -85,6 +85,7 @@ class DistillConfig:
     eval_size: int = 12
     ckpt_every: int = 250
     resume: bool = False
+    grow_from: str = ""
 
     def __post_init__(self) -> None:
         if self.family not in ("llada", "dream", "sdar"):
@@ -93,6 +94,8 @@ class DistillConfig:
             raise ValueError("suffix_frac + structure_frac must lie in [0, 1]")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError("steps and batch_size must be >= 1")
+        if self.grow_from and not Path(self.grow_from).is_file():
+            raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
 
     def task_weights(self) -> dict[str, float]:
         return {t: self.random_weight if t in RANDOM_TASKS and t != "remove_random" else 1.0
@@ -115,6 +118,36 @@ def build_student(cfg: DistillConfig, oracle: WaitingLineOracle) -> DecoderLM:
                      tie_embeddings=cfg.tie_embeddings)
     return build_tiny_model(tc, oracle.vocab_size, oracle.mask_token_id,
                             oracle.eos_token_ids[0], oracle.pad_token_id)
+
+
+def grow_into(model: DecoderLM, shallow: dict[str, Tensor]) -> None:
+    """Load a shallower run's weights into ``model`` and keep its function (depth growth).
+
+    The ``n`` old layers are spread evenly over the ``m >= n`` new ones (old layer ``i`` goes to
+    ``i * m // n``); every other layer keeps its initialisation except its residual outputs
+    (attention ``o_proj``, MLP ``down_proj``), which are zeroed, so each new layer starts as the
+    identity and the grown model computes exactly what the shallow one did. Used to add depth
+    after the plateau is passed (``shared/research/testbed-feasibility.md``).
+    """
+    old = {int(k.split(".")[1]) for k in shallow if k.startswith("layers.")}
+    n, m = len(old), len(model.layers)
+    if not 0 < n <= m:
+        raise ValueError(f"cannot grow a {n}-layer model into {m} layers")
+    place = {i * m // n: i for i in range(n)}
+    state = {k: v for k, v in shallow.items() if not k.startswith("layers.")}
+    for j, layer in enumerate(model.layers):
+        if j in place:
+            prefix = f"layers.{place[j]}."
+            state |= {f"layers.{j}.{k[len(prefix):]}": v for k, v in shallow.items()
+                      if k.startswith(prefix)}
+        else:
+            own = {f"layers.{j}.{k}": v.detach().clone() for k, v in layer.state_dict().items()}
+            for k in own:
+                if k.endswith(("o_proj.weight", "down_proj.weight", "o_proj.bias",
+                               "down_proj.bias")):
+                    own[k].zero_()
+            state |= own
+    model.load_state_dict(state)
 
 
 def answer_masks(answers: Tensor, first_name: int, cfg: DistillConfig,
@@ -253,6 +286,8 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         start, wall_before = state["step"], state["wall_s"]
         for name in ("loss.csv", "eval.csv"):  # drop rows logged after the checkpoint
             _truncate(out / name, start)
+    elif cfg.grow_from:
+        grow_into(model, torch.load(cfg.grow_from, weights_only=False)["model"])
     (out / "distill_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     params = sum(p.numel() for p in model.parameters())
     print(f"[testbed] {cfg.family}: {params / 1e6:.2f}M parameters, vocab "

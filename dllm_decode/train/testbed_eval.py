@@ -26,14 +26,16 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
 
     ``seed`` offsets the record generator (``None``: the split's own seed), so other seeds draw
     other held-out prompts. ``sampler_kwargs`` go to ``DiffusionSampler`` (``steps``,
-    ``cache``, policy parameters, ...); the default is one token per step, one block.
+    ``cache``, policy parameters, ...); the default is one token per step, one block (block-
+    diffusion models: their own block size).
     """
     from dllm_decode import DiffusionSampler
     from dllm_decode.eval.parallelbench.generate import split_seed
     from dllm_decode.eval.runner import left_pad
 
     g = TESTBED_GEN_LENGTH
-    kwargs = {"gen_length": g, "block_length": g, "steps": g, "temperature": 0.0}
+    block = model.block_size if getattr(model, "attention", "") == "block_causal" else g
+    kwargs = {"gen_length": g, "block_length": block, "steps": g, "temperature": 0.0}
     kwargs |= sampler_kwargs
     sampler = DiffusionSampler(model, policy, **kwargs)
     out: dict[str, list[dict[str, Any]]] = {}
