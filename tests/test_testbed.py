@@ -207,6 +207,24 @@ def test_growing_depth_keeps_the_shallow_models_function(tmp_path: Path, family:
                                   grow_from=str(tmp_path / "s/checkpoint.pt"), **common))
     assert grown["config"]["layers"] == 3 and "--grow-from" in grown["command"]
 
+
+def test_eos_cut_rows_end_after_the_first_eos_like_an_eotp_canvas() -> None:
+    from dllm_decode.train.distill import DistillConfig, make_batch
+
+    oracle = waiting_line_oracle()
+    eos = oracle.eos_token_ids[0]
+    full = make_batch(DistillConfig(), oracle, 5)
+    tokens, valid, masked, targets, p = make_batch(DistillConfig(eos_cut_frac=1.0), oracle, 5)
+    assert torch.equal(tokens, full[0]) and torch.equal(targets, full[3])
+    answers = targets.argmax(-1)  # soft targets of an EOS position are one-hot
+    for row in range(tokens.shape[0]):
+        first = int((answers[row] == eos).nonzero()[0])
+        assert valid[row, p:p + first + 1].all() and not valid[row, p + first + 1:].any()
+        assert not masked[row, first + 1:].any()
+        assert torch.equal(masked[row, :first + 1], full[2][row, :first + 1])
+    with pytest.raises(ValueError, match="eos_cut_frac must lie in"):
+        DistillConfig(eos_cut_frac=1.5)
+
 # ---- evaluation defaults that fit the bundled checkpoints ------------------------------------
 
 def test_grids_naming_a_bundled_tiny_model_are_zero_shot() -> None:

@@ -12,6 +12,10 @@ position given the visible canvas), and three masking modes per row:
   first), where a model must learn which names are already used;
 * ``iid``: every answer position masked independently with a rate ``t ~ U(0, 1)``.
 
+``eos_cut_frac`` of the rows (any mode) lose every position after the answer's first EOS (keys
+hidden, no loss there): the shorter canvases that EoTP truncation leaves (Learn2PD, arXiv
+2509.25188), which a model trained only on full-length canvases has never seen.
+
 Loss: cross-entropy to the soft targets over masked answer positions (= KL to the oracle plus
 its entropy). Block-causal (SDAR-style) models see the answer region in their own blocks; the
 trainer feeds the whole canvas and the model's block-causal mask does the rest, which matches
@@ -86,6 +90,7 @@ class DistillConfig:
     ckpt_every: int = 250
     resume: bool = False
     grow_from: str = ""
+    eos_cut_frac: float = 0.0
 
     def __post_init__(self) -> None:
         if self.family not in ("llada", "dream", "sdar"):
@@ -94,6 +99,8 @@ class DistillConfig:
             raise ValueError("suffix_frac + structure_frac must lie in [0, 1]")
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError("steps and batch_size must be >= 1")
+        if not 0 <= self.eos_cut_frac <= 1:
+            raise ValueError(f"eos_cut_frac must lie in [0, 1], got {self.eos_cut_frac}")
         if self.grow_from and not Path(self.grow_from).is_file():
             raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
 
@@ -204,6 +211,13 @@ def make_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
         tokens[i, width - len(p):width] = torch.tensor(p)
         valid[i, width - len(p):] = True
     tokens[:, width:] = region
+    if cfg.eos_cut_frac:  # canvases cut after the answer's first EOS, as EoTP leaves them
+        pos = torch.arange(g)
+        first = torch.where(answers == oracle.eos_token_ids[0], pos, g).min(1).values
+        cut = torch.rand(b, generator=gen) < cfg.eos_cut_frac
+        dead = (pos[None] > first[:, None]) & cut[:, None]
+        valid[:, width:] &= ~dead
+        masked = masked & ~dead
     return tokens, valid, masked, targets, width
 
 
