@@ -6,19 +6,22 @@ every op is a kernel launch on a GPU). Models: the bundled ``tiny-llada`` (2 lay
 and ``tiny-sdar`` (block-causal), and the 4-layer d=256 random model of ``bench_decode.py``
 (``--models``). ``--compile`` adds ``DiffusionSampler(compile=True)`` rows; ``--scaling``
 writes the G-scaling table (forward attention vs rest, refresh, loop per generated token).
-The reference decoders (LLaDA ``generate``, Fast-dLLM's loops, Dream ``diffusion_generate``)
-run only where ``DLLM_REF_PYTHON`` names a Python with transformers 4.46.2 and
-``DLLM_REF_SRC`` the directory holding their public code; otherwise the comparison is skipped
-and the reason printed (and written as a CSV row).
+``--reference`` compares the whole decode with the public reference loops on the same weights
+(LLaDA ``generate``, Fast-dLLM's three loops, Dream ``diffusion_generate``; tokens must be
+identical; ``overhead_reference.py``); they run only where ``DLLM_REF_PYTHON`` names a Python
+with transformers 4.46.2 and ``DLLM_REF_SRC`` the directory holding their public code,
+otherwise the comparison is skipped and the reason printed.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --models tiny bench4
     OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --scaling --gen-length 128 256 512 1024
+    OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --reference --models conformance tiny \
+        bench4 --gen-length 64 --block-length 16
 """
 
 from __future__ import annotations
 
 import argparse
-import os
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -62,17 +65,10 @@ def models(names: list[str]) -> list[tuple[str, Any, Any]]:
 
 
 def reference_env() -> tuple[bool, str]:
-    """Whether the reference decoders can run, and why not."""
-    py, src = os.environ.get("DLLM_REF_PYTHON"), os.environ.get("DLLM_REF_SRC")
-    if not py or not src:
-        return False, ("DLLM_REF_PYTHON / DLLM_REF_SRC not set (a Python with transformers "
-                       "4.46.2 and a directory with ML-GSAI/LLaDA, NVlabs/Fast-dLLM and the "
-                       "Dream hub generation_utils.py)")
-    missing = [d for d in ("LLaDA", "Fast-dLLM") if not (Path(src) / d).is_dir()]
-    if not Path(py).exists() or missing:
-        return False, f"reference environment incomplete: python {py}, missing {missing}"
-    return False, ("reference runner not implemented in this revision (environment found; "
-                   "see benchmarks/README.md)")
+    """Whether the reference decoders can run, and why not (``overhead_reference``)."""
+    from overhead_reference import reference_env as probe
+
+    return probe()
 
 
 def cell_rows(env: Any, model_name: str, model: Any, cache: str, family: str,
@@ -176,6 +172,10 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also DiffusionSampler(compile=True)")
     ap.add_argument("--scaling", action="store_true", help="the G-scaling table only")
+    ap.add_argument("--reference", action="store_true",
+                    help="only the comparison with the reference loops (models: conformance, "
+                         "tiny, bench4)")
+    ap.add_argument("--prompt-length", type=int, default=32, help="--reference prompt length")
     ap.add_argument("--out", type=Path, default=RESULTS / "overhead.csv")
     ap.add_argument("--baseline", type=Path, default=None,
                     help="CSV of an earlier run: assert at most half its loop ops per step")
@@ -187,6 +187,16 @@ def main() -> None:
                   args.out.with_name("overhead_scaling.csv"))
         return
     ok, why = reference_env()
+    if args.reference:
+        if not ok:
+            print(f"reference comparison skipped: {why}")
+            return
+        from overhead_reference import run_comparison
+
+        out = args.out if args.out.name != "overhead.csv" else RESULTS / "overhead_reference.csv"
+        raise SystemExit(run_comparison(
+            args.models, args.gen_length[0], args.block_length, args.prompt_length,
+            args.repeats, out, Path(tempfile.gettempdir()) / "dllm_ref_checkpoints"))
     if not ok:
         print(f"reference comparison skipped: {why}")
     rows: list[dict] = []
