@@ -199,6 +199,25 @@ def test_growing_depth_keeps_the_shallow_models_function(tmp_path: Path, family:
                            distill_loss(deep.eval(), *batch)[0])
         assert torch.count_nonzero(deep.layers[1].attn.o_proj.weight) == 0
     assert torch.equal(deep.layers[2].attn.q_proj.weight, shallow.layers[1].attn.q_proj.weight)
+    # wider too: hidden 32 -> 64, heads 2 -> 4 (same head size), MLP 64 -> 96; the function is
+    # kept up to the RMSNorm epsilon (the mean square now runs over zero dimensions too), which
+    # is negligible once activations are trained-size (here: embeddings scaled to rms ~0.4)
+    state = {k: v * 20 if k in ("embed.weight", "head.weight") else v for k, v in state.items()}
+    shallow.load_state_dict(state)
+    wide = build_student(DistillConfig(**(common | dict(hidden=64, heads=4, intermediate=96)),
+                                       layers=3, seed=4), oracle)
+    grow_into(wide, state)
+    with torch.no_grad():
+        logits = [m.eval()(batch[0], m.rope_positions(batch[1]), mask=batch[1]).float()
+                  for m in (shallow, wide)]
+    torch.testing.assert_close(logits[1], logits[0], atol=2e-4, rtol=1e-4)
+    wide.train()
+    loss = distill_loss(wide, *batch)[0]
+    loss.backward()
+    assert wide.layers[0].attn.o_proj.weight.grad[32:].abs().sum() > 0  # zeroed writers learn
+    with pytest.raises(ValueError, match="cannot grow hidden size 32 into 16"):
+        grow_into(build_student(DistillConfig(**(common | dict(hidden=16)), layers=2), oracle),
+                  state)
     with pytest.raises(ValueError, match="cannot grow a 2-layer model into 1 layers"):
         grow_into(build_student(DistillConfig(layers=1, **common), oracle), state)
     with pytest.raises(ValueError, match="grow_from must be a run's checkpoint.pt"):

@@ -44,6 +44,7 @@ from torch.nn import functional as F
 from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
+from dllm_decode.train.grow import grow_into
 from dllm_decode.train.testbed import (
     RANDOM_TASKS,
     TESTBED_GEN_LENGTH,
@@ -125,36 +126,6 @@ def build_student(cfg: DistillConfig, oracle: WaitingLineOracle) -> DecoderLM:
                      tie_embeddings=cfg.tie_embeddings)
     return build_tiny_model(tc, oracle.vocab_size, oracle.mask_token_id,
                             oracle.eos_token_ids[0], oracle.pad_token_id)
-
-
-def grow_into(model: DecoderLM, shallow: dict[str, Tensor]) -> None:
-    """Load a shallower run's weights into ``model`` and keep its function (depth growth).
-
-    The ``n`` old layers are spread evenly over the ``m >= n`` new ones (old layer ``i`` goes to
-    ``i * m // n``); every other layer keeps its initialisation except its residual outputs
-    (attention ``o_proj``, MLP ``down_proj``), which are zeroed, so each new layer starts as the
-    identity and the grown model computes exactly what the shallow one did. Used to add depth
-    after the plateau is passed (``shared/research/testbed-feasibility.md``).
-    """
-    old = {int(k.split(".")[1]) for k in shallow if k.startswith("layers.")}
-    n, m = len(old), len(model.layers)
-    if not 0 < n <= m:
-        raise ValueError(f"cannot grow a {n}-layer model into {m} layers")
-    place = {i * m // n: i for i in range(n)}
-    state = {k: v for k, v in shallow.items() if not k.startswith("layers.")}
-    for j, layer in enumerate(model.layers):
-        if j in place:
-            prefix = f"layers.{place[j]}."
-            state |= {f"layers.{j}.{k[len(prefix):]}": v for k, v in shallow.items()
-                      if k.startswith(prefix)}
-        else:
-            own = {f"layers.{j}.{k}": v.detach().clone() for k, v in layer.state_dict().items()}
-            for k in own:
-                if k.endswith(("o_proj.weight", "down_proj.weight", "o_proj.bias",
-                               "down_proj.bias")):
-                    own[k].zero_()
-            state |= own
-    model.load_state_dict(state)
 
 
 def answer_masks(answers: Tensor, first_name: int, cfg: DistillConfig,
