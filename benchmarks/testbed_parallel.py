@@ -65,16 +65,30 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def model_card(name: str, run_dir: Path, rows: list[dict[str, Any]]) -> str:
-    """The checkpoint's README: architecture, exact command, time, curves, the table above."""
+def model_card(name: str, run_dirs: list[Path], rows: list[dict[str, Any]]) -> str:
+    """The checkpoint's README: architecture, exact commands, time, curves, the table above.
+
+    ``run_dirs``: the training stages, oldest first (a grown model lists the run it grew from
+    before its own; ``--grow-from`` names the earlier stage's checkpoint).
+    """
     import json
 
-    run = json.loads((run_dir / "run.json").read_text())
-    cfg = run["config"]
-    loss = (run_dir / "loss.csv").read_text().splitlines()
-    evals = (run_dir / "eval.csv").read_text().splitlines()
-    picked = [loss[0]] + loss[1::max(1, len(loss) // 12)] + [loss[-1]]
+    runs = [json.loads((d / "run.json").read_text()) for d in run_dirs]
+    run, cfg = runs[-1], runs[-1]["config"]
+    stages = [f"{i + 1}. `{r['command']}` ({r['steps_done']} steps, {r['config']['layers']} "
+              f"layers x {r['config']['hidden']}, {r['wall_s'] / 60:.0f} min)"
+              for i, r in enumerate(runs)]
+    curves: list[str] = []
+    for i, d in enumerate(run_dirs):
+        loss = (d / "loss.csv").read_text().splitlines()
+        evals = (d / "eval.csv").read_text().splitlines()
+        picked = [loss[0]] + loss[1::max(1, len(loss) // 12)] + [loss[-1]]
+        curves += [f"Stage {i + 1}: loss (soft cross-entropy) and KL to the oracle:", "", "```",
+                   *picked, "```", "", f"Stage {i + 1}: held-out validity during training "
+                   f"({runs[i]['config']['eval_size']} prompts per task, k = 1):", "", "```",
+                   *evals, "```", ""]
     mine = [r for r in rows if r["model"] == name]
+    minutes = sum(r["wall_s"] for r in runs) / 60
     return "\n".join([
         f"# {name}", "",
         f"A {cfg['family']}-family masked-diffusion model distilled from the exact Waiting Line "
@@ -86,19 +100,16 @@ def model_card(name: str, run_dir: Path, rows: list[dict[str, Any]]) -> str:
         f"* architecture: {cfg['layers']} layers, hidden {cfg['hidden']}, {cfg['heads']} heads, "
         f"MLP {cfg['intermediate']}, vocabulary {run['vocab_size']}; "
         f"{run['parameters'] / 1e6:.2f}M parameters, fp16 weights",
-        f"* command: `{run['command']}`",
-        f"* training: {run['steps_done']} steps, batch {cfg['batch_size']}, "
-        f"{run['wall_s'] / 60:.0f} min on {run['threads']} CPU thread(s) of a shared 2-core "
-        "machine; soft targets (the oracle's exact conditionals), masks: "
-        f"{cfg['suffix_frac']:.0%} suffix, {cfg['structure_frac']:.0%} structure-visible, "
-        "the rest i.i.d.", "",
+        f"* training: {sum(r['steps_done'] for r in runs)} steps in {len(runs)} stage(s), batch "
+        f"{cfg['batch_size']}, {minutes:.0f} min on 1 CPU thread of a shared 2-core machine; "
+        "soft targets (the oracle's exact conditionals); later stages start from the previous "
+        "stage's checkpoint grown in depth / width with its function kept "
+        "(`dllm_decode/train/grow.py`). Stages (exact commands):", "", *stages, "",
         "## Held-out results (test split, low_confidence, greedy, one block)", "",
         "`python benchmarks/testbed_parallel.py` (50 prompts per task; k = tokens per step; the "
         "oracle column decodes the same prompts with the exact oracle):", "",
         markdown(mine), "",
-        "## Training curves", "", "Loss (soft cross-entropy) and KL to the oracle:", "",
-        "```", *picked, "```", "", "Held-out validity during training (12 prompts per task, "
-        "k = 1):", "", "```", *evals, "```", ""])
+        "## Training curves", "", *curves])
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -107,14 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=50)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--tag", default="testbed_parallel")
-    ap.add_argument("--card", nargs=2, action="append", default=[], metavar=("MODEL", "RUN"),
-                    help="write MODEL's card (README.md in its directory) from run dir RUN")
+    ap.add_argument("--card", nargs=2, action="append", default=[], metavar=("MODEL", "RUNS"),
+                    help="write MODEL's card (README.md in its directory) from its training "
+                         "run dirs RUNS (comma-separated, oldest stage first)")
     args = ap.parse_args(argv)
     rows = table(args.models, args.n, args.seed)
     for name, run_dir in args.card:
         from dllm_decode.models.loading import resolve_path
 
-        (resolve_path(name) / "README.md").write_text(model_card(name, Path(run_dir), rows))
+        dirs = [Path(d) for d in run_dir.split(",")]
+        (resolve_path(name) / "README.md").write_text(model_card(name, dirs, rows))
     RESULTS.mkdir(exist_ok=True)
     with (RESULTS / f"{args.tag}.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))

@@ -69,3 +69,33 @@ def test_model_card_table_and_section(tmp_path) -> None:
     body = readme.read_text()
     assert body.startswith("# card\n") and "second" in body and "first" not in body
     assert body.count("<!-- results -->") == 1
+
+
+def test_testbed_model_card_lists_every_training_stage(tmp_path) -> None:
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_parallel.py"
+    spec = importlib.util.spec_from_file_location("testbed_parallel", path)
+    tp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tp)
+    dirs = []
+    for i, (layers, hidden) in enumerate(((2, 128), (4, 192))):
+        d = tmp_path / f"stage{i}"
+        d.mkdir()
+        cfg = dict(family="llada", layers=layers, hidden=hidden, heads=4, intermediate=512,
+                   batch_size=32, eval_size=12)
+        (d / "run.json").write_text(json.dumps(dict(
+            command=f"dllm-decode train testbed --stage {i}", config=cfg, steps_done=100 * (i + 1),
+            wall_s=60.0 * (i + 1), parameters=1_000_000, vocab_size=525)))
+        (d / "loss.csv").write_text("step,loss\n100,1.0\n")
+        (d / "eval.csv").write_text(f"step,copy\n100,0.{i}\n")
+        dirs.append(d)
+    rows = [dict(model="m", task="copy", k1=100, k4=100, k8=100, oracle_k1=100, oracle_k4=100,
+                 oracle_k8=100, target_met=True)]
+    card = tp.model_card("m", dirs, rows)
+    assert "4 layers, hidden 192" in card and "300 steps in 2 stage(s)" in card
+    assert "1. `dllm-decode train testbed --stage 0`" in card
+    assert "2. `dllm-decode train testbed --stage 1`" in card
+    assert "100,0.1" in card and "| m | copy | 100 | 100 | 100 | 100 / 100 / 100 | met |" in card
