@@ -18,7 +18,7 @@ operations on the values that decide), with the per-step work cut down:
   guarded: with the statistic over ``R ∩ M``, a row with nothing open stops whatever its
   statistic, so its empty mean / order statistic is not replaced by -inf;
 * memory holds what a later step reads: the previous argmax only when the change ratio is
-  tested (-1 before a row's first check, which stands for the code's ``has_prev`` flag),
+  tested (-1 before a row's first check: everything open has moved, no ``has_prev`` flag),
   the patience counter only when ``patience_steps > 0``, the newest margins only with
   ``stale="use"``. Under ``torch.compile`` nothing is memoised (the compiler fuses the masks).
 
