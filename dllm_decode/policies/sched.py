@@ -12,7 +12,8 @@ argmax ("go all-in"). The selector in between is untouched: ``sched`` wraps any 
 
 Per-generation memory (previous argmax, patience, sticky stop) lives in ``SchEDMemory``. The
 sampler only calls ``init_memory`` on the *selector*, so the presets wrap the base selector in
-``Supervised``, which owns both memories, hands the base its own and binds as itself.
+``Supervised``, which owns both memories, hands the base its own and binds as itself. The
+per-step check itself is ``sched_step.decide`` (the same decisions with few ops).
 
 Deviations from the papers / released code:
 
@@ -39,6 +40,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.registry import Policy, make_policy, register
+from dllm_decode.policies.sched_step import RegionMemo, decide, order_stat
 from dllm_decode.policies.supervised import PairedMemory, Supervised  # noqa: F401 (re-export)
 from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import StepState
@@ -53,17 +55,20 @@ _STALE = ("skip", "use")
 class SchEDMemory:
     """Mutable per-generation state of a ``SchED`` stopper (updated in place).
 
-    prev_argmax ``[B, L]`` int64: argmax at the last checked step. has_prev / stopped ``[B]``
-    bool; patience ``[B]`` int64. last_margin ``[B, L]`` float32 / last_argmax ``[B, L]`` int64:
-    newest fresh values per position (``stale="use"``; -inf = never scored).
+    prev_argmax ``[B, L]`` int64: argmax at the row's last checked step, -1 before its first
+    (kept when ``max_change_ratio < 1``). patience ``[B]`` int64 (kept when
+    ``patience_steps > 0``). stopped ``[B]`` bool: the sticky stop (replaced by a new tensor
+    each eager step, written in place under ``torch.compile``). last_margin ``[B, L]`` float32 /
+    last_argmax ``[B, L]`` int64: newest fresh values per position (``stale="use"``; -inf =
+    never scored). regions: the ``sched_step.RegionMemo`` of the generation (eager only).
     """
 
     prev_argmax: Tensor
-    has_prev: Tensor
     patience: Tensor
     stopped: Tensor
     last_margin: Tensor
     last_argmax: Tensor
+    regions: RegionMemo | None = None
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,7 @@ class SchED:
             return torch.zeros(shape, dtype=dtype, device=device)
 
         return SchEDMemory(
-            prev_argmax=z(torch.long, batch, length), has_prev=z(torch.bool, batch),
+            prev_argmax=torch.full((batch, length), -1, device=device),
             patience=z(torch.long, batch), stopped=z(torch.bool, batch),
             last_margin=torch.full((batch, length), -torch.inf, device=device),
             last_argmax=z(torch.long, batch, length))
@@ -243,22 +248,9 @@ class SchED:
         """``stat`` of ``values [B, L]`` over ``focus [B, L]`` per row -> ``[B]`` (empty: -inf)."""
         n = focus.sum(1)
         if self.stat == "mean":
-            total = torch.where(focus, values, 0.0).sum(1)
-            out = total / n.clamp(min=1)
+            out = torch.where(focus, values, 0.0).sum(1) / n.clamp(min=1)
         else:
-            key = torch.where(focus, values, torch.inf)
-            ordered = torch.sort(key, dim=1).values
-            top = (n - 1).clamp(min=0)
-            if self.stat == "median":
-                out = ordered.gather(1, (top // 2)[:, None])[:, 0]
-            else:
-                at = self.q * top.to(values.dtype)
-                lo_i = at.floor().long()
-                hi_i = torch.minimum(lo_i + 1, top)
-                v_lo = ordered.gather(1, lo_i[:, None])[:, 0]
-                v_hi = ordered.gather(1, hi_i[:, None])[:, 0]
-                frac = at - lo_i.to(values.dtype)
-                out = torch.where(frac > 0, v_lo + (v_hi - v_lo) * frac, v_lo)
+            out = order_stat(values, focus, n, self.stat, self.q)
         return torch.where(n > 0, out, -torch.inf)
 
     def statistic(self, state: StepState) -> Tensor:
@@ -280,38 +272,7 @@ class SchED:
             raise ValueError("SchED with the stability gate or stale='use' needs its memory: "
                              "use the 'sched'/'prophet' presets or Supervised(selector, "
                              "stopper); max_change_ratio=1 and patience_steps=0 run stateless")
-        prop, fresh, masked = state.proposal, state.fresh, state.masked
-        margin, greedy = prop.logit_margin.float(), prop.greedy
-        if mem is not None:
-            # in place, one op each (an elementwise select may write over its own input)
-            torch.where(fresh, margin, mem.last_margin, out=mem.last_margin)
-            torch.where(fresh, greedy, mem.last_argmax, out=mem.last_argmax)
-        region = self.region_mask(state)
-        open_r = region & masked
-        focus = open_r if self.average_over_masked else region & self._gen(state)
-        if self.stale == "use":
-            margin, greedy = mem.last_margin, mem.last_argmax
-            checkable = torch.ones_like(state.masked[:, 0])
-        else:
-            checkable = ~((focus | open_r) & ~fresh).any(1)
-        size = region.sum(1)
-        checkable = checkable & (size > 0)  # an empty region never decides (released code)
-        n_open = open_r.sum(1)
-        progress = 1.0 - n_open / size.clamp(min=1)
-        gbar = self.aggregate(margin, focus)
-        fire = (progress >= self.min_progress) & (gbar >= self.threshold(self.clock(state)))
-        if mem is None:  # stateless: changed = 1 every step, so patience is 1 iff the gate is off
-            return checkable & ((n_open == 0) | fire)
-        changed = ((greedy != mem.prev_argmax) & open_r).sum(1) / n_open.clamp(min=1)
-        changed = torch.where(mem.has_prev, changed, 1.0)
-        steady = (progress >= self.min_progress) & (changed <= self.max_change_ratio)
-        patience = torch.where(steady, mem.patience + 1, 0)
-        stop = checkable & ((n_open == 0) | (fire & (patience > self.patience_steps)))
-        mem.patience.copy_(torch.where(checkable, patience, mem.patience) * (size > 0))
-        torch.where(checkable[:, None], greedy, mem.prev_argmax, out=mem.prev_argmax)
-        mem.has_prev |= checkable
-        mem.stopped |= stop
-        return mem.stopped.clone()
+        return decide(self, state, mem)
 
 
 _SCHED_FIELDS = frozenset(f.name for f in fields(SchED))

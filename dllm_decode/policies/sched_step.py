@@ -1,0 +1,177 @@
+"""One ``SchED`` check per decode step with few ops (the stopper of ``policies.sched``).
+
+SchED: Mohamed, Zhang, Vazirgiannis, Shang, "Fast-Decoding Diffusion Language Models via
+Progress-Aware Confidence Schedules", arXiv 2512.02892 (released Dream code
+``amr-mohamedd/SchED`` ``dream_sampling/sched.py``).
+
+``decide`` computes exactly what ``SchED``'s docstring specifies (the same floating-point
+operations on the values that decide), with the per-step work cut down:
+
+* what depends only on host integers and the ``lengths`` tensor (the region R, ``|R| > 0``, the
+  focus ``R ∩ generation`` and its size) is built once per generation (``RegionMemo``, kept in
+  the stopper's memory; rebuilt when truncation replaces ``lengths``), not every step;
+* parts of the gate that cannot block are skipped on host values: ``max_change_ratio = 1``
+  never compares argmaxes, ``patience_steps = 0`` makes ``patience > 0`` the step's own
+  steadiness, ``min_progress <= 0`` never reads progress; ``max_change_ratio = 0`` tests "no
+  argmax changed" instead of forming the ratio;
+* masks are fused on booleans (``a > b`` is ``a & ~b``), and values that cannot matter are not
+  guarded: with the statistic over ``R ∩ M``, a row with nothing open stops whatever its
+  statistic, so its empty mean / order statistic is not replaced by -inf;
+* memory holds what a later step reads: the previous argmax only when the change ratio is
+  tested (-1 before a row's first check: everything open has moved, no ``has_prev`` flag),
+  the patience counter only when ``patience_steps > 0``, the newest margins only with
+  ``stale="use"``. Under ``torch.compile`` nothing is memoised (the compiler fuses the masks).
+
+The default ``sched`` preset runs 19 top-level aten ops per step here (the direct
+implementation ran 57; ``benchmarks/README.md``, "Loop overhead per step").
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.types import StepState
+
+if TYPE_CHECKING:
+    from dllm_decode.policies.sched import SchED
+
+
+@dataclass(frozen=True)
+class RegionMemo:
+    """What a SchED check needs that depends only on host integers and ``lengths``.
+
+    region ``[B, L]`` bool: R. size_ok ``[B]`` bool: ``|R| > 0``. size ``[B]`` int64:
+    ``max(|R|, 1)``. focus ``[B, L]`` bool / focus_n ``[B]`` int64 / focus_ok ``[B]`` bool:
+    ``R ∩ generation``, ``max(|.|, 1)`` and ``|.| > 0`` (``None`` unless
+    ``average_over_masked=False``). key: what it was built for (``lengths`` tensor or None,
+    generation start, canvas shape).
+    """
+
+    key: tuple[Any, ...]
+    region: Tensor
+    size_ok: Tensor
+    size: Tensor
+    focus: Tensor | None = None
+    focus_n: Tensor | None = None
+    focus_ok: Tensor | None = None
+
+
+def region_memo(stopper: SchED, state: StepState, mem: Any) -> RegionMemo:
+    """The ``RegionMemo`` of ``state`` (from ``mem.regions`` when it is still valid)."""
+    lengths = state.extras.get("lengths")
+    key = (lengths, state.gen_start, tuple(state.masked.shape))
+    compiling = torch.compiler.is_compiling()
+    memo = None if mem is None or compiling else mem.regions
+    # ``lengths`` is compared by identity: the sampler replaces it (never edits it in place)
+    if memo is not None and memo.key[0] is lengths and memo.key[1:] == key[1:]:
+        return memo
+    region = stopper.region_mask(state)
+    size = region.sum(1)
+    focus = focus_n = focus_ok = None
+    if not stopper.average_over_masked:
+        focus = region & stopper._gen(state)
+        n = focus.sum(1)
+        focus_n, focus_ok = n.clamp(min=1), n > 0
+    memo = RegionMemo(key, region, size > 0, size.clamp(min=1), focus, focus_n, focus_ok)
+    if mem is not None and not compiling:
+        mem.regions = memo
+    return memo
+
+
+def order_stat(values: Tensor, focus: Tensor, n: Tensor, stat: str, q: float) -> Tensor:
+    """Lower median or linearly interpolated ``q``-quantile of ``values [B, L]`` over
+    ``focus [B, L]`` (``n [B]`` = its row sizes) -> ``[B]`` (empty rows: +inf)."""
+    key = torch.where(focus, values, torch.inf)
+    ordered = torch.sort(key, dim=1).values
+    top = (n - 1).clamp(min=0)
+    if stat == "median":
+        return ordered.gather(1, (top // 2)[:, None])[:, 0]
+    at = q * top.to(values.dtype)
+    lo_i = at.floor().long()
+    hi_i = torch.minimum(lo_i + 1, top)
+    v_lo = ordered.gather(1, lo_i[:, None])[:, 0]
+    v_hi = ordered.gather(1, hi_i[:, None])[:, 0]
+    frac = at - lo_i.to(values.dtype)
+    return torch.where(frac > 0, v_lo + (v_hi - v_lo) * frac, v_lo)
+
+
+def _and_not(a: Tensor | None, b: Tensor | None) -> Tensor | None:
+    """``a & ~b`` on ``[B]`` bools, a missing operand being always True / always False."""
+    if b is None:
+        return a
+    return ~b if a is None else a > b
+
+
+def decide(stopper: SchED, state: StepState, mem: Any) -> Tensor:
+    """``[B]`` bool ``SchED.should_stop`` (``mem``: its ``SchEDMemory`` or None; updated in
+    place). No host sync."""
+    s = stopper
+    prop, fresh, masked = state.proposal, state.fresh, state.masked
+    margin, greedy = prop.logit_margin, prop.greedy
+    if margin.dtype != torch.float32:
+        margin = margin.float()
+    if s.stale == "use":  # newest fresh values per position (one op each)
+        torch.where(fresh, margin, mem.last_margin, out=mem.last_margin)
+        torch.where(fresh, greedy, mem.last_argmax, out=mem.last_argmax)
+        margin, greedy = mem.last_margin, mem.last_argmax
+    reg = region_memo(s, state, mem)
+    open_r = reg.region & masked  # [B, L] R ∩ M
+    n_open = open_r.sum(1)
+    if s.stale == "use":
+        checkable = reg.size_ok
+    else:  # every position the statistic reads is fresh, and the region is not empty
+        watched = open_r if s.average_over_masked else reg.focus | open_r
+        checkable = reg.size_ok > (watched > fresh).any(1)
+    # the statistic; over R ∩ M an empty row stops anyway, so its value is not guarded
+    if s.average_over_masked:
+        focus, n = open_r, n_open
+    else:
+        focus, n = reg.focus, reg.focus_n
+    if s.stat == "mean":
+        gbar = torch.where(focus, margin, 0.0).sum(1) / n
+    else:
+        gbar = order_stat(margin, focus, n, s.stat, s.q)
+    if not s.average_over_masked:
+        gbar = torch.where(reg.focus_ok, gbar, -torch.inf)
+    fire = gbar >= s.threshold(s.clock(state))
+    progressed = None
+    if s.min_progress > 0:  # progress_R = 1 - |R ∩ M| / |R| >= 0 always
+        progressed = (1.0 - n_open / reg.size) >= s.min_progress
+    if mem is None:  # stateless (gate off): patience is 1 iff progressed
+        if progressed is not None:
+            fire = fire & progressed
+        return checkable & ((n_open == 0) | fire)
+    # the gate: the share of R ∩ M whose argmax moved since the row's last check (prev_argmax
+    # is -1 before the first one, so everything open has moved, as the code's ratio 1.0 there;
+    # with nothing open the row stops whatever the gate says)
+    unsettled = None
+    if s.max_change_ratio < 1.0:
+        moved = (greedy != mem.prev_argmax) & open_r
+        if s.max_change_ratio == 0.0:
+            unsettled = moved.any(1)
+        else:
+            unsettled = moved.sum(1) / n_open.clamp(min=1) > s.max_change_ratio
+        torch.where(checkable.unsqueeze(1), greedy, mem.prev_argmax, out=mem.prev_argmax)
+    if s.patience_steps > 0:
+        steady = _and_not(progressed, unsettled)  # None: always
+        patience = mem.patience + 1
+        if steady is not None:
+            patience = torch.where(steady, patience, 0)
+        fire = fire & (patience > s.patience_steps)  # (implies progressed)
+        torch.where(checkable, patience, mem.patience, out=mem.patience)
+        mem.patience.mul_(reg.size_ok)
+    else:  # patience > 0 is this step's steadiness
+        if progressed is not None:
+            fire = fire & progressed
+        if unsettled is not None:
+            fire = fire > unsettled  # fire & ~unsettled
+    stopped = mem.stopped | (checkable & ((n_open == 0) | fire))  # sticky
+    if torch.compiler.is_compiling():
+        mem.stopped.copy_(stopped)
+    else:  # a new tensor each step: the returned flags are never edited afterwards
+        mem.stopped = stopped
+    return stopped
