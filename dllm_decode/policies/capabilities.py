@@ -45,7 +45,9 @@ class Capabilities:
         needs_logits: wants the step's raw logits in ``state.logits`` (``[B, R, V]``).
         full_span: wants proposals over the whole canvas, not only the current block
             (stoppers always get it).
-        lookahead: positions past the current block the selector may commit (cross-block).
+        lookahead: positions past the current block the selector may commit (cross-block),
+            in rows that still have a mask in the current block (a row whose block is done
+            waits for the batch, as alone it would be in its next block: batch invariance).
         preferred_cache: cache mode used when the caller gives none (``None``: ``"none"``).
         preferred_schedule: ``"llada" | "dream"`` budget rule used when the caller gives none
             (``None``: the model family's).

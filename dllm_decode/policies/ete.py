@@ -105,9 +105,12 @@ class ExploreThenExploit:
     def earliest_block(state: StepState) -> Tensor:
         """``[B, L]`` bool: per row, the earliest block that still has an eligible position.
 
-        Rows of a batch walk blocks together; a row whose current block is done works in the
-        lookahead window, whose first block (on the grid ``block_end + j * K``, K the current
-        block's length) is then its earliest. No host sync.
+        The sampler's rows walk blocks together, and a row whose current block is done has no
+        eligible position until the batch moves on (as alone it would already be in its next
+        block: batch invariance), so there the earliest block is the current one. A state
+        with eligible positions only past the block (one built by hand, say) gets the first
+        block of the lookahead window, on the grid ``block_end + j * K`` (K the current block's
+        length). No host sync.
         """
         eligible = state.eligible
         length = eligible.shape[1]

@@ -186,7 +186,12 @@ class DiffusionSampler:
         pos_idx = torch.arange(length, device=device)
         lo = 0 if cfg.allow_prompt_masks else p
         full_span = caps.full_span  # a stopper, or any part that declares it
-        # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block
+        # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block,
+        # but only in rows whose current block still has a mask: rows of a batch walk blocks
+        # together, and a row that finished its block early waits (inactive, no NFE) for the
+        # batch to move on, as it would have moved on alone. Working ahead instead would decode
+        # the next block against the current block's cache refresh and a lookahead window
+        # cut at the current block's end, so its tokens would depend on its batch neighbours.
         lookahead = sel_caps.lookahead
         nfe = torch.zeros(b, dtype=torch.long, device=device)
         lengths = torch.full((b,), g, dtype=torch.long, device=device)
@@ -239,6 +244,8 @@ class DiffusionSampler:
                 else:
                     fresh = fed.fresh_mask(b, length)
                     eligible = masked & fresh & spans.get(0, reach)
+                if lookahead:  # batch invariance: a row whose block is complete waits
+                    eligible = eligible & masked[:, bs:be].any(1, keepdim=True)
                 budget = None
                 if budgets is not None:
                     budget = budgets[:, i]
