@@ -3,9 +3,13 @@
 For each model, ``--n`` held-out prompts (test split, generator seed offset ``--seed``) per
 test-bed task are decoded with LLaDA's ``low_confidence`` at k = 1, 4 and 8 tokens per step
 (fixed steps = 16 / k, one block, greedy); the exact oracle (the distillation teacher) is decoded
-on the same prompts. Writes ``results/testbed_parallel.csv`` and prints the table of the model
-cards, with the test-bed targets checked: k = 1 accuracy >= 90 % on every task; at k = 4 and 8
-random tasks within 10 points of the oracle, deterministic tasks within 5 points of k = 1.
+on the same prompts, once as is (ties between equal marginals break toward the lowest id, so
+parallel commits of a random task pick the same name and collide) and once with ties broken at
+random (0.01 seeded logit noise on the same conditionals, mean of 5 seeds: what a model whose ties
+break arbitrarily should get). Writes ``results/testbed_parallel.csv`` and prints the table of
+the model cards, with the test-bed targets checked against either oracle: k = 1 accuracy >= 90 %
+on every task; at k = 4 and 8 random tasks within 10 points of the oracle, deterministic tasks
+within 5 points of k = 1.
 
     python benchmarks/testbed_parallel.py --models testbed-llada testbed-dream --n 50
 """
@@ -24,6 +28,7 @@ from dllm_decode.train.testbed_eval import decode_tasks
 
 RESULTS = Path(__file__).parent / "results"
 KS = (1, 4, 8)
+TIE_NOISE, TIE_SEEDS = 0.01, (0, 1, 2, 3, 4)
 
 
 def accuracy(model: Any, n: int, seed: int, k: int) -> dict[str, float]:
@@ -37,6 +42,12 @@ def table(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
 
     torch.set_num_threads(1)
     teacher = {k: accuracy(waiting_line_oracle(), n, seed, k) for k in KS}
+    # the exact oracle breaks tied marginals toward the lowest id, so parallel commits of a
+    # random task collide by construction; the same conditionals with ties broken by tiny seeded
+    # noise (mean of TIE_SEEDS draws) predict what a model with arbitrary tie-breaking gets
+    shaken = [waiting_line_oracle().calibrated(noise=TIE_NOISE, seed=s) for s in TIE_SEEDS]
+    ties = {k: {t: sum(accuracy(o, n, seed, k)[t] for o in shaken) / len(shaken)
+                for t in TESTBED_TASKS} for k in KS[1:]}
     out = []
     for name in models:
         model = load_model(name)
@@ -46,22 +57,31 @@ def table(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
             for k in KS:
                 row[f"k{k}"] = round(mine[k][task], 1)
                 row[f"oracle_k{k}"] = round(teacher[k][task], 1)
+            for k in KS[1:]:
+                row[f"oracle_ties_k{k}"] = round(ties[k][task], 1)
             det = task in DETERMINISTIC_TASKS
-            ok = row["k1"] >= 90 and all(
-                abs(row[f"k{k}"] - (row["k1"] if det else row[f"oracle_k{k}"]))
-                <= (5 if det else 10) for k in KS[1:])
-            row["target_met"] = ok
+
+            def met(prefix: str, det: bool = det, row: dict[str, Any] = row) -> bool:
+                return row["k1"] >= 90 and all(
+                    abs(row[f"k{k}"] - (row["k1"] if det else row[f"{prefix}{k}"]))
+                    <= (5 if det else 10) for k in KS[1:])
+
+            row["target_met"] = met("oracle_k")
+            row["target_met_random_ties"] = met("oracle_ties_k")
             out.append(row)
     return out
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    lines = ["| model | task | k=1 | k=4 | k=8 | oracle k=1 / 4 / 8 | target |",
-             "|---|---|---|---|---|---|---|"]
+    lines = ["| model | task | k=1 | k=4 | k=8 | oracle k=1 / 4 / 8 | oracle, random ties, "
+             "k=4 / 8 | target (exact oracle) | target (random ties) |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['model']} | {r['task']} | {r['k1']:.0f} | {r['k4']:.0f} | "
                      f"{r['k8']:.0f} | {r['oracle_k1']:.0f} / {r['oracle_k4']:.0f} / "
-                     f"{r['oracle_k8']:.0f} | {'met' if r['target_met'] else 'MISSED'} |")
+                     f"{r['oracle_k8']:.0f} | {r['oracle_ties_k4']:.0f} / "
+                     f"{r['oracle_ties_k8']:.0f} | {'met' if r['target_met'] else 'MISSED'} | "
+                     f"{'met' if r['target_met_random_ties'] else 'MISSED'} |")
     return "\n".join(lines)
 
 
@@ -107,7 +127,9 @@ def model_card(name: str, run_dirs: list[Path], rows: list[dict[str, Any]]) -> s
         "(`dllm_decode/train/grow.py`). Stages (exact commands):", "", *stages, "",
         "## Held-out results (test split, low_confidence, greedy, one block)", "",
         "`python benchmarks/testbed_parallel.py` (50 prompts per task; k = tokens per step; the "
-        "oracle column decodes the same prompts with the exact oracle):", "",
+        "oracle columns decode the same prompts with the exact oracle, which breaks tied "
+        "marginals toward the lowest id, and with the same conditionals plus 0.01 seeded logit "
+        "noise that breaks ties at random, mean of 5 seeds):", "",
         markdown(mine), "",
         "## Training curves", "", *curves])
 

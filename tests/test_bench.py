@@ -93,9 +93,11 @@ def test_testbed_model_card_lists_every_training_stage(tmp_path) -> None:
         (d / "eval.csv").write_text(f"step,copy\n100,0.{i}\n")
         dirs.append(d)
     rows = [dict(model="m", task="copy", k1=100, k4=100, k8=100, oracle_k1=100, oracle_k4=100,
-                 oracle_k8=100, target_met=True)]
+                 oracle_k8=100, oracle_ties_k4=100, oracle_ties_k8=100, target_met=True,
+                 target_met_random_ties=True)]
     card = tp.model_card("m", dirs, rows)
     assert "4 layers, hidden 192" in card and "300 steps in 2 stage(s)" in card
     assert "1. `dllm-decode train testbed --stage 0`" in card
     assert "2. `dllm-decode train testbed --stage 1`" in card
-    assert "100,0.1" in card and "| m | copy | 100 | 100 | 100 | 100 / 100 / 100 | met |" in card
+    assert "100,0.1" in card
+    assert "| m | copy | 100 | 100 | 100 | 100 / 100 / 100 | 100 / 100 | met | met |" in card
