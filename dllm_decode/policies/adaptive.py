@@ -38,7 +38,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, step_score, top1_mask
-from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
@@ -64,7 +64,11 @@ class Threshold:
 
     tau: float = 0.9
     score: ScoreKind = ScoreKind.PROB
-    capabilities = Capabilities(budgeted=False)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Adaptive; reads the proposal field of ``score`` only."""
+        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -101,7 +105,11 @@ class Factor:
     factor: float = 1.0
     score: ScoreKind = ScoreKind.PROB
     last_rank_quirk: bool = False
-    capabilities = Capabilities(budgeted=False)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Adaptive; reads the proposal field of ``score`` only."""
+        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -139,7 +147,7 @@ class EntropyBounded:
     prefix U with ``sum_{U} H - max_{U} H <= gamma`` (at least one)."""
 
     gamma: float = 0.1
-    capabilities = Capabilities(budgeted=False)
+    capabilities = Capabilities(budgeted=False, proposal_fields=("neg_entropy",))
 
     def __post_init__(self) -> None:
         check_fields(self, "EntropyBounded")
@@ -169,7 +177,8 @@ class EntropyThreshold:
     """
 
     theta: float | None = None
-    capabilities = Capabilities(budgeted=False, needs_logits=True)
+    #: its entropy comes from the logits; the proposal's is read only on hand-built states
+    capabilities = Capabilities(budgeted=False, needs_logits=True, proposal_fields=())
 
     def bind(self, model: Any, cfg: Any = None) -> EntropyThreshold:
         """With ``theta`` resolved for ``model``'s family (unchanged if given)."""

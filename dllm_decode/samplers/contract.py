@@ -4,7 +4,9 @@ What ``DiffusionSampler.generate`` guarantees, and how each part is checked:
 
 * **finite logits**: a step whose scored positions have a non-finite probability or entropy
   (NaN or +inf anywhere in a position's logits, or every logit -inf) raises
-  ``NonFiniteLogitsError`` naming the step and the rows;
+  ``NonFiniteLogitsError`` naming the step and the rows (when no policy part reads the
+  entropy it is not computed, and the log-sum-exp of the logits, finite exactly when the
+  entropy is, is checked instead);
 * **commits are eligible**: a selector that commits a position that is not eligible (a prompt
   token, an already committed one, a position outside the block) raises ``PolicyContractError``;
 * **progress**: a selector that commits nothing in a row that had eligible positions (and a
@@ -108,8 +110,13 @@ class StepGuard:
                 block and never did is stalled, however few steps the block had.
             expected: ``eligible.any(1)`` if the caller has it (saves the reduction).
         """
-        # prob and entropy are both finite iff their sum is (|prob| <= 1, |H| <= log V)
-        ok = torch.isfinite(prop.prob + prop.neg_entropy)
+        # prob and entropy are both finite iff their sum is (|prob| <= 1, |H| <= log V); when
+        # the entropy was not computed, the LSE stands in: it is finite iff the entropy is
+        # (a NaN or +inf logit, or every logit -inf, make both non-finite)
+        check = prop.get("neg_entropy")
+        if check is None:
+            check = prop.lse
+        ok = torch.isfinite(prop.prob if check is None else prop.prob + check)
         if live is not None:
             ok |= ~live
         nonfinite = ~ok.all(1)

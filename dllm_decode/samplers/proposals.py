@@ -12,7 +12,7 @@ from dllm_decode import kernels
 from dllm_decode.cache.plans import Fed
 from dllm_decode.config import SamplerConfig
 from dllm_decode.kernels.reference import filter_logits
-from dllm_decode.types import Proposal
+from dllm_decode.types import OPTIONAL_FIELDS, Proposal
 
 
 class ProposalMaker:
@@ -29,6 +29,9 @@ class ProposalMaker:
         self.cfg = cfg
         self.generator = generator
         self.after_select = False
+        #: the optional ``Proposal`` fields to compute (``None``: all; the sampler sets the
+        #: ones the policy's parts declare, ``PolicyCapabilities.proposal_fields``)
+        self.fields: tuple[str, ...] | None = None
         #: the kernel implementation, resolved once here (not inside a compiled step)
         self.impl = kernels.resolve_impl(cfg.impl, generator.device)
         self.mask_id = model.mask_token_id
@@ -56,7 +59,7 @@ class ProposalMaker:
             noise = self._reference_noise(logits, fed, rows, masked, n_masked)
         prop = kernels.propose(logits, temperature=cfg.temperature, sampling=self.sampling,
                                top_p=cfg.top_p, top_k=cfg.top_k, noise=noise,
-                               generator=self.generator, impl=self.impl)
+                               generator=self.generator, impl=self.impl, fields=self.fields)
         if cfg.confidence_eos_eot_inf and self.sampling == "gumbel":
             prop = self._demote_eos(logits, prop)
         return prop
@@ -118,8 +121,8 @@ class ProposalMaker:
         z = logits.double().clone()
         z[..., ids] = -torch.inf
         prob = torch.softmax(z, dim=-1).gather(-1, prop.tokens[..., None])[..., 0]
-        return Proposal(prop.tokens, prob, prop.margin, prop.logit_margin, prop.neg_entropy,
-                        prop.argmax)
+        return Proposal(prop.tokens, prob, prop.get("margin"), prop.get("logit_margin"),
+                        prop.get("neg_entropy"), prop.argmax, prop.lse)
 
     def resample_committed(self, logits: Tensor, rows: Tensor, commit: Tensor,
                            tokens: Tensor) -> Tensor:
@@ -172,30 +175,38 @@ def widen(prop: Proposal, canvas: Tensor, rows: Tensor, live: Tensor | None = No
 
     ``rows`` is ``[R]`` (shared) or ``[B, R]`` (per row, see ``take``); ``live [B, R]``
     selects the entries written (``None``: all). ``span=(lo, hi)`` says ``rows`` is
-    ``arange(lo, hi)``: the four float fields are then zero-padded to the canvas in one op,
-    and the tokens placed with one select against ``span_mask`` (``[B, L]`` bool, True on
-    the span; a few ops instead of a scatter per field).
+    ``arange(lo, hi)``: the float fields are then zero-padded to the canvas in one op, and
+    the tokens placed with one select against ``span_mask`` (``[B, L]`` bool, True on the
+    span; a few ops instead of a scatter per field). Fields absent from ``prop`` (not
+    computed) stay absent.
     """
-    floats = (prop.prob, prop.margin, prop.logit_margin, prop.neg_entropy)
-    if span is not None and live is None and all(f.dtype == prop.prob.dtype for f in floats):
+    names = ("prob", *OPTIONAL_FIELDS)
+    floats = {n: prop.get(n) for n in names if prop.get(n) is not None}
+    if span is not None and live is None and all(f.dtype == prop.prob.dtype
+                                                 for f in floats.values()):
         lo, hi = span
         pad = (lo, canvas.shape[1] - hi)  # zero-pad [.., R] to the canvas [.., L]
-        prob, margin, logit_margin, neg_entropy = F.pad(torch.stack(floats), pad).unbind(0)
+        if len(floats) == 1:
+            padded = {"prob": F.pad(prop.prob, pad)}
+        else:
+            padded = dict(zip(floats, F.pad(torch.stack(list(floats.values())), pad).unbind(0),
+                              strict=True))
 
         def tok(x: Tensor) -> Tensor:
             if span_mask is not None:
                 return torch.where(span_mask, F.pad(x, pad), canvas)
             return torch.cat([canvas[:, :lo], x, canvas[:, hi:]], dim=1)
 
-        return Proposal(tokens=tok(prop.tokens), prob=prob, margin=margin,
-                        logit_margin=logit_margin, neg_entropy=neg_entropy,
+        return Proposal(tokens=tok(prop.tokens), prob=padded["prob"], margin=padded.get("margin"),
+                        logit_margin=padded.get("logit_margin"),
+                        neg_entropy=padded.get("neg_entropy"),
                         argmax=None if prop.argmax is None else tok(prop.argmax))
 
     def put_(x: Tensor, base: Tensor) -> Tensor:
         return put(base, rows, x, live)
 
     zeros = torch.zeros(canvas.shape, dtype=prop.prob.dtype, device=canvas.device)
-    return Proposal(tokens=put_(prop.tokens, canvas), prob=put_(prop.prob, zeros),
-                    margin=put_(prop.margin, zeros), logit_margin=put_(prop.logit_margin, zeros),
-                    neg_entropy=put_(prop.neg_entropy, zeros),
+    wide = {n: put_(x, zeros) for n, x in floats.items()}
+    return Proposal(tokens=put_(prop.tokens, canvas), prob=wide["prob"], margin=wide.get("margin"),
+                    logit_margin=wide.get("logit_margin"), neg_entropy=wide.get("neg_entropy"),
                     argmax=None if prop.argmax is None else put_(prop.argmax, canvas))

@@ -45,8 +45,10 @@ class DiffusionSampler:
     3. **forward**: the cache plan feeds the positions this mode recomputes (full canvas,
        block + suffix, block only, block-causal span, or per-row window sets); CFG doubles
        the batch;
-    4. **propose**: one fused pass over V gives per-position token, probability, margins and
-       entropy (``kernels.propose``); logits are dropped after this unless a policy asks;
+    4. **propose**: per-position token and probability, plus the margins / entropy the policy
+       declares it reads (``Capabilities.proposal_fields``; all of them by default), in one
+       fused pass over V on a GPU (``kernels.propose``); logits are dropped after this unless
+       a policy asks;
     5. **select**: the policy turns the ``StepState`` into a commit mask (subset of eligible);
     6. **stop / truncate**: optional stopper (commit everything at its argmax) and truncator
        (EoTP: shorten the row, crop visible keys);
@@ -175,6 +177,9 @@ class DiffusionSampler:
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
+        # only the proposal fields the parts read (every field for parts that do not declare
+        # them, and for an ``on_step`` callback, which may read anything)
+        maker.fields = caps.proposal_fields if on_step is None else None
         guard = StepGuard(b, device, policy.name, exempt_stall=sel_caps.may_commit_nothing)
         if self.compile:  # the compiler fuses the torch reference itself
             maker.impl = Impl.REFERENCE
