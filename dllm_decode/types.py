@@ -90,10 +90,14 @@ class Proposal:
     def __init__(self, tokens: Tensor, prob: Tensor, margin: Tensor | None = None,
                  logit_margin: Tensor | None = None, neg_entropy: Tensor | None = None,
                  argmax: Tensor | None = None, lse: Tensor | None = None) -> None:
-        for name, value in (("tokens", tokens), ("prob", prob), ("argmax", argmax),
-                            ("_margin", margin), ("_logit_margin", logit_margin),
-                            ("_neg_entropy", neg_entropy), ("lse", lse)):
-            object.__setattr__(self, name, value)
+        put = object.__setattr__  # frozen
+        put(self, "tokens", tokens)
+        put(self, "prob", prob)
+        put(self, "argmax", argmax)
+        put(self, "_margin", margin)
+        put(self, "_logit_margin", logit_margin)
+        put(self, "_neg_entropy", neg_entropy)
+        put(self, "lse", lse)
 
     def has(self, name: str) -> bool:
         """Whether field ``name`` was computed (``tokens`` / ``prob`` always are; ``argmax``

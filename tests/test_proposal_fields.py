@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import itertools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import pytest
 import torch
@@ -12,8 +12,13 @@ import torch
 from dllm_decode import Capabilities, DiffusionSampler, Policy, make_policy
 from dllm_decode.kernels import reference
 from dllm_decode.policies import TopK
-from dllm_decode.policies.base import topk_mask
-from dllm_decode.policies.capabilities import policy_capabilities, score_fields, union_fields
+from dllm_decode.policies.base import init_memory_of, topk_mask
+from dllm_decode.policies.capabilities import (
+    capabilities_of,
+    policy_capabilities,
+    score_fields,
+    union_fields,
+)
 from dllm_decode.types import OPTIONAL_FIELDS, Proposal, ProposalFieldError, ScoreKind
 from tests.helpers import tiny_model
 
@@ -159,3 +164,93 @@ def test_policy_object_declares_fields_through_wrappers() -> None:
     assert caps.proposal_fields == ("margin",)
     s2d2 = make_policy("s2d2", fallback="entropy_bounded")
     assert policy_capabilities(s2d2.selector).proposal_fields == ("neg_entropy",)
+
+
+# ---- masked-only scoring -------------------------------------------------------------------
+@dataclass(frozen=True)
+class EveryRow:
+    """A selector scoring every fed row: the wrapped one, declared not masked-only."""
+
+    inner: object
+
+    @property
+    def capabilities(self):
+        return replace(capabilities_of(self.inner), reads_masked_only=False)
+
+    def init_memory(self, batch, length, device):
+        return init_memory_of(self.inner, batch, length, device)
+
+    def select(self, state):
+        return self.inner.select(state)
+
+
+@dataclass(frozen=True)
+class FreshSpy:
+    """Records what the masked-only path hands the selector."""
+
+    seen: list
+    capabilities = Capabilities(proposal_fields=(), reads_masked_only=True)
+
+    def select(self, state):
+        scored = state.proposal.prob > 0
+        self.seen.append((torch.equal(state.fresh, state.masked & state.fresh),
+                          bool((scored & ~state.masked).any())))
+        return topk_mask(state.proposal.prob, state.eligible, state.budget)
+
+
+@pytest.fixture
+def always_compact(monkeypatch):
+    from dllm_decode.samplers import proposals
+
+    monkeypatch.setattr(proposals, "MASKED_ROWS_MIN_SAVED", 1)
+
+
+def test_masked_only_is_declared_by_every_part() -> None:
+    assert policy_capabilities(TopK()).masked_only
+    assert not policy_capabilities(EveryRow(TopK())).masked_only
+    assert not policy_capabilities(NegEntropyTopK()).masked_only
+    eotp = make_policy("eotp")
+    assert policy_capabilities(eotp.selector, None, eotp.truncator).masked_only
+    sched = make_policy("sched")
+    assert not policy_capabilities(sched.selector, sched.stopper).masked_only
+
+
+@pytest.mark.usefixtures("always_compact")
+@pytest.mark.parametrize("model", [LLADA, DREAM], ids=["llada", "dream"])
+@pytest.mark.parametrize("cache", ["none", "dual"])
+def test_masked_rows_alone_give_the_same_decode(model, cache) -> None:
+    kw = dict(gen_length=12, block_length=4, steps=12, cache=cache)
+    for name in ("entropy", "threshold", "ete", "klass", "ccd", "eotp"):
+        policy = make_policy(name)
+        want = DiffusionSampler(model, Policy(EveryRow(policy.selector),
+                                              truncator=policy.truncator), **kw).generate(PROMPT)
+        got = DiffusionSampler(model, name, **kw).generate(PROMPT)
+        for field in ("tokens", "nfe", "commit_step", "bits", "lengths"):
+            assert torch.equal(getattr(got, field), getattr(want, field)), (name, field)
+
+
+@pytest.mark.usefixtures("always_compact")
+def test_masked_rows_mark_fresh_and_leave_the_rest_unscored() -> None:
+    seen: list = []
+    DiffusionSampler(LLADA, FreshSpy(seen), gen_length=8, block_length=4).generate(PROMPT)
+    assert seen and all(narrow and not outside for narrow, outside in seen)
+
+
+@pytest.mark.usefixtures("always_compact")
+def test_masked_rows_still_check_finite_logits() -> None:
+    from dllm_decode.samplers.contract import NonFiniteLogitsError
+
+    class Poisoned:
+        def __init__(self, model):
+            self.model = model
+
+        def __getattr__(self, name):
+            return getattr(self.model, name)
+
+        def __call__(self, tokens, positions, **kw):
+            logits = self.model(tokens, positions, **kw)
+            logits[1, -1, 3] = math.nan  # the last fed row of batch row 1: still masked
+            return logits
+
+    with pytest.raises(NonFiniteLogitsError, match=r"at step 0 in rows \[1\]"):
+        DiffusionSampler(Poisoned(LLADA), "low_confidence", gen_length=8).generate(PROMPT)

@@ -103,7 +103,7 @@ def gumbel_argmax(logits: Tensor, temperature: float, uniform: Tensor) -> Tensor
 def filter_logits(logits: Tensor, temperature: float, top_p: float | None,
                   top_k: int | None) -> Tensor:
     """Dream's sampling distribution: temper, then top-p, then top-k (filtered -> dtype min)."""
-    z = logits.float()
+    z = logits if logits.dtype == torch.float32 else logits.float()
     if temperature > 0:
         z = z / temperature
     if top_p is not None and top_p < 1:

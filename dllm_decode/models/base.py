@@ -376,7 +376,7 @@ class DecoderLM(nn.Module):
         if self.spec.logit_shift:
             h = torch.cat((h[:, :1], h[:, :-1]), dim=1)
         if hidden_rows is not None:
-            h = h[:, hidden_rows]
+            h = h.index_select(1, hidden_rows)
         return self.head(h)
 
     # ---- checkpoint names -----------------------------------------------------------------

@@ -37,7 +37,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import rank_desc, step_score, top1_mask
+from dllm_decode.policies.base import lowest, rank_desc, step_score, top1_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
@@ -67,8 +67,9 @@ class Threshold:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Adaptive; reads the proposal field of ``score`` only."""
-        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score))
+        """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
+        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
+                            reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -85,8 +86,7 @@ class Threshold:
         # eligible & (score >= tau | the row's best eligible position), i.e. ``top1_mask``
         # folded in: one argmax, first maximum on ties
         eligible = state.eligible
-        neg = torch.finfo(score.dtype).min
-        best = torch.where(eligible, score, neg).argmax(-1, keepdim=True)
+        best = torch.where(eligible, score, lowest(score.dtype)).argmax(-1, keepdim=True)
         return eligible & (score >= self.tau).scatter_(-1, best, True)
 
 
@@ -108,8 +108,9 @@ class Factor:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Adaptive; reads the proposal field of ``score`` only."""
-        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score))
+        """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
+        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
+                            reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -147,7 +148,8 @@ class EntropyBounded:
     prefix U with ``sum_{U} H - max_{U} H <= gamma`` (at least one)."""
 
     gamma: float = 0.1
-    capabilities = Capabilities(budgeted=False, proposal_fields=("neg_entropy",))
+    capabilities = Capabilities(budgeted=False, proposal_fields=("neg_entropy",),
+                                reads_masked_only=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "EntropyBounded")
@@ -178,7 +180,8 @@ class EntropyThreshold:
 
     theta: float | None = None
     #: its entropy comes from the logits; the proposal's is read only on hand-built states
-    capabilities = Capabilities(budgeted=False, needs_logits=True, proposal_fields=())
+    capabilities = Capabilities(budgeted=False, needs_logits=True, proposal_fields=(),
+                                reads_masked_only=True)
 
     def bind(self, model: Any, cfg: Any = None) -> EntropyThreshold:
         """With ``theta`` resolved for ``model``'s family (unchanged if given)."""

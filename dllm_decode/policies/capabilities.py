@@ -36,7 +36,7 @@ _SCHEDULES: Final[tuple[str, ...]] = ("llada", "dream")
 _ATTENTIONS: Final[tuple[str, ...]] = ("bidirectional", "block_causal")
 #: capabilities a stopper or truncator may declare (the rest describe how a selector selects)
 _ANY_ROLE: Final[frozenset[str]] = frozenset({"full_span", "needs_logits", "requires_attention",
-                                              "proposal_fields"})
+                                              "proposal_fields", "reads_masked_only"})
 #: how close a bool attribute's name must be to a capability name to be reported as a typo
 _TYPO_CUTOFF: Final[float] = 0.88
 
@@ -74,6 +74,11 @@ class Capabilities:
             are always computed, ``margin``, ``logit_margin`` and ``neg_entropy`` only when a
             part declares them. ``None`` (the default): every field. Stored as the sorted
             tuple of the optional fields named.
+        reads_masked_only: the part reads the proposal only at masked positions (eligible
+            ones, or masked ones anywhere in the fed rows). When every part says so, the
+            sampler may score only the masked fed positions (as Dream's reference does):
+            ``StepState.fresh`` then marks those, and the proposal elsewhere is unscored (the
+            canvas token, 0). Default False: every fed position is scored.
     """
 
     budgeted: bool = True
@@ -90,6 +95,7 @@ class Capabilities:
     extra_forwards: bool = False
     stochastic: bool = False
     proposal_fields: tuple[str, ...] | None = None
+    reads_masked_only: bool = False
 
     def __post_init__(self) -> None:
         if self.proposal_fields is not None:
@@ -207,7 +213,8 @@ class PolicyCapabilities:
     ``selector`` holds the selector's declaration; ``full_span`` / ``needs_logits`` are true when
     any part asks (a stopper always implies ``full_span``); ``requires_attention`` is the one
     attention any part requires (``None``: any); ``proposal_fields`` the optional ``Proposal``
-    fields the present parts read (``None``: every field, when any part does not declare them).
+    fields the present parts read (``None``: every field, when any part does not declare them);
+    ``masked_only`` whether every present part ``reads_masked_only``.
     """
 
     selector: Capabilities
@@ -215,6 +222,7 @@ class PolicyCapabilities:
     needs_logits: bool
     requires_attention: str | None
     proposal_fields: tuple[str, ...] | None = None
+    masked_only: bool = False
 
 
 def policy_capabilities(selector: Any, stopper: Any = None,
@@ -228,6 +236,8 @@ def policy_capabilities(selector: Any, stopper: Any = None,
     parts = {"selector": capabilities_of(selector, "selector"),
              "stopper": capabilities_of(stopper, "stopper"),
              "truncator": capabilities_of(truncator, "truncator")}
+    present = [role for role, part in (("selector", selector), ("stopper", stopper),
+                                       ("truncator", truncator)) if part is not None]
     need = {c.requires_attention for c in parts.values()} - {None}
     if len(need) > 1:
         raise ValueError(f"policy parts require different model attentions: {sorted(need)}")
@@ -236,7 +246,6 @@ def policy_capabilities(selector: Any, stopper: Any = None,
         full_span=stopper is not None or any(c.full_span for c in parts.values()),
         needs_logits=any(c.needs_logits for c in parts.values()),
         requires_attention=next(iter(need), None),
-        proposal_fields=union_fields(*(parts[role].proposal_fields for role, part in (
-            ("selector", selector), ("stopper", stopper), ("truncator", truncator))
-            if part is not None)),
+        proposal_fields=union_fields(*(parts[role].proposal_fields for role in present)),
+        masked_only=all(parts[role].reads_masked_only for role in present),
     )

@@ -57,8 +57,8 @@ class TopK:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Budgeted; reads the proposal field of ``score`` only."""
-        return Capabilities(proposal_fields=score_fields(self.score))
+        """Budgeted; reads the proposal field of ``score`` only, at eligible positions."""
+        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -89,7 +89,8 @@ class RandomOrder:
     reference, so seeded runs reproduce it.
     """
 
-    capabilities = Capabilities(proposal_fields=())  # no proposal score (tokens, prob only)
+    #: no proposal score (tokens and prob at the commits only)
+    capabilities = Capabilities(proposal_fields=(), reads_masked_only=True)
 
     def select(self, state: StepState) -> Tensor:
         return topk_mask(random_scores(state), state.eligible, state.budget)
@@ -107,7 +108,7 @@ class Origin:
     #: the reveal probability comes from Dream's time grid, whatever the model family
     capabilities = Capabilities(budgeted=False, proposes_after_select=True,
                                 may_commit_nothing=True, preferred_schedule="dream",
-                                proposal_fields=())
+                                proposal_fields=(), reads_masked_only=True)
 
     def select(self, state: StepState) -> Tensor:
         if state.times is None:

@@ -100,7 +100,7 @@ class ExploreThenExploit:
         """Adaptive; commits up to ``lookahead`` positions past the block (0 once bound to a
         block-causal model unless ``cross_block=True``: the sampler reads the bound one's)."""
         return Capabilities(budgeted=False, lookahead=self.lookahead,
-                            proposal_fields=("neg_entropy",))
+                            proposal_fields=("neg_entropy",), reads_masked_only=True)
 
     @staticmethod
     def earliest_block(state: StepState) -> Tensor:

@@ -80,7 +80,8 @@ class KLASS:
     kl_threshold: float = 0.01
     history: int = 2
     unmask_strategy: str = "all"
-    capabilities = Capabilities(needs_logits=True, full_span=True, proposal_fields=())
+    capabilities = Capabilities(needs_logits=True, full_span=True, proposal_fields=(),
+                                reads_masked_only=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "KLASS")
@@ -189,8 +190,9 @@ class CCD:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Budgeted; reads the proposal field of ``score`` (and the greedy token)."""
-        return Capabilities(proposal_fields=score_fields(self.score))
+        """Budgeted; reads the proposal field of ``score`` (and the greedy token) at masked
+        positions."""
+        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))

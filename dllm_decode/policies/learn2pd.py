@@ -153,7 +153,9 @@ class Learn2PD:
         the fallback score's proposal fields."""
         feature = ("neg_entropy",) if self.feature == "dream_negent_masked" else ()
         return Capabilities(full_span=self.full_span,
-                            proposal_fields=(*feature, *score_fields(self.fallback)))
+                            proposal_fields=(*feature, *score_fields(self.fallback)),
+                            # llada_prob_all reads committed positions of the window too
+                            reads_masked_only=self.feature == "dream_negent_masked")
 
     def __post_init__(self) -> None:
         if self.feature not in FEATURES:
@@ -258,7 +260,8 @@ class EoTP:
     """
 
     eos_token_ids: tuple[int, ...] | None = None
-    capabilities = Capabilities(full_span=True, proposal_fields=())  # tokens and prob only
+    #: tokens and prob of masked positions only
+    capabilities = Capabilities(full_span=True, proposal_fields=(), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         if self.eos_token_ids is not None:

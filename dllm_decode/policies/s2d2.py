@@ -54,7 +54,8 @@ class DynamicThreshold:
     @property
     def capabilities(self) -> Capabilities:
         """SDAR's even budget split; reads the proposal field of ``score`` only."""
-        return Capabilities(preferred_schedule="llada", proposal_fields=score_fields(self.score))
+        return Capabilities(preferred_schedule="llada", proposal_fields=score_fields(self.score),
+                            reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -87,8 +88,10 @@ class BudgetCapped:
     @property
     def capabilities(self) -> Capabilities:
         """Budgeted; reads the inner selector's proposal fields and ``score``'s."""
-        return Capabilities(proposal_fields=union_fields(
-            capabilities_of(self.inner).proposal_fields, score_fields(self.score)))
+        inner = capabilities_of(self.inner)
+        return Capabilities(proposal_fields=union_fields(inner.proposal_fields,
+                                                         score_fields(self.score)),
+                            reads_masked_only=inner.reads_masked_only)
 
     def select(self, state: StepState) -> Tensor:
         chosen = self.inner.select(state)

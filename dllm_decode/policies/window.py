@@ -47,7 +47,7 @@ class WindowTopK:
     def capabilities(self) -> Capabilities:
         """The window planner, bidirectional models; reads ``score``'s proposal field."""
         return Capabilities(preferred_cache="window", requires_attention="bidirectional",
-                            proposal_fields=score_fields(self.score))
+                            proposal_fields=score_fields(self.score), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -71,7 +71,7 @@ class WindowDream:
     def capabilities(self) -> Capabilities:
         """The window planner, bidirectional models; reads ``score``'s proposal field."""
         return Capabilities(preferred_cache="window", requires_attention="bidirectional",
-                            proposal_fields=score_fields(self.score))
+                            proposal_fields=score_fields(self.score), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -99,7 +99,8 @@ class EosCut:
     """Truncator: cut each row right after its first EOS (generation region), as Window-
     Diffusion's Dream ``early_stop`` does; rows without EOS keep their length."""
 
-    capabilities = Capabilities(proposal_fields=())  # the proposal's tokens only
+    #: the proposal's tokens at the commits only
+    capabilities = Capabilities(proposal_fields=(), reads_masked_only=True)
 
     def truncate(self, state: StepState, commit: Tensor) -> Tensor:
         model = state.model

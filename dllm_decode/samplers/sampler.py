@@ -180,6 +180,12 @@ class DiffusionSampler:
         # only the proposal fields the parts read (every field for parts that do not declare
         # them, and for an ``on_step`` callback, which may read anything)
         maker.fields = caps.proposal_fields if on_step is None else None
+        # masked-only parts: greedy reference proposals may skip the unmasked rows (on the CPU,
+        # eager; ``ProposalMaker.masked_rows``)
+        maker.masked_only = (caps.masked_only and on_step is None and not self.compile
+                             and maker.impl is Impl.REFERENCE and cfg.temperature == 0
+                             and not cfg.confidence_eos_eot_inf
+                             and not sel_caps.proposes_after_select)
         guard = StepGuard(b, device, policy.name, exempt_stall=sel_caps.may_commit_nothing)
         if self.compile:  # the compiler fuses the torch reference itself
             maker.impl = Impl.REFERENCE
@@ -209,6 +215,7 @@ class DiffusionSampler:
             steps_per_block = block_steps[blk] if block_steps else None
             n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
+            fractions = None if times is None else sch.dream_fractions(times)
             budgets = None  # LLaDA: the block's whole budget schedule [B, S], once per block
             if steps_per_block and schedule != "dream":
                 budgets = sch.llada_budgets((canvas[:, bs:be] == mask_id).sum(1), n_iter)
@@ -248,7 +255,7 @@ class DiffusionSampler:
                 if budgets is not None:
                     budget = budgets[:, i]
                 elif steps_per_block:
-                    budget = sch.dream_budget(masked, times, i, n_iter)
+                    budget = sch.dream_budget(masked, times, i, n_iter, fractions)
                 active = eligible.any(1)
                 step_model = _StepModel(model, plan, maker, model_canvas, nfe, active, b,
                                         enabled=not cfg_on)

@@ -22,7 +22,7 @@ from torch import Tensor
 
 from dllm_decode.cache.plans import Fed
 from dllm_decode.samplers.contract import StepGuard
-from dllm_decode.samplers.proposals import ProposalMaker, widen
+from dllm_decode.samplers.proposals import ProposalMaker, widen, widen_at
 from dllm_decode.types import Selection, StepState
 
 
@@ -83,8 +83,15 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
             eligible position left, else ``None``).
     """
     maker = parts.maker
-    prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"])
-    full_prop = widen(prop, canvas, rows, live, span=fed.span, span_mask=fresh)
+    masked_rows = maker.masked_rows(logits, fed, live, masked)
+    if masked_rows is None:
+        prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"])
+        full_prop = widen(prop, canvas, rows, live, span=fed.span, span_mask=fresh)
+        checked, checked_live = prop, live
+    else:  # masked-only policies: the masked rows alone are scored (and fresh)
+        full_prop = widen_at(maker.propose_rows(logits, masked_rows[0]), canvas, masked_rows[1])
+        fresh = masked & fresh
+        checked, checked_live = full_prop, None
     state = StepState(proposal=full_prop, eligible=eligible, masked=masked, fresh=fresh,
                       canvas=canvas, budget=budget, rows=rows,
                       logits=logits if parts.needs_logits else None,
@@ -94,8 +101,8 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     commit = sel.commit
     guard = parts.guard
     guard.check_shape(commit, eligible)
-    guard.observe(info["step"], prop, live, eligible, budget, commit, ctl["stall_limit"],
-                  last=ctl["last"], expected=ctl["active"])
+    guard.observe(info["step"], checked, checked_live, eligible, budget, commit,
+                  ctl["stall_limit"], last=ctl["last"], expected=ctl["active"])
     if ctl["force_end"] is not None:  # force_block_end (prompt masks: LLaDA's carry-over)
         commit = commit | (eligible & ctl["force_end"])
     selected = commit
