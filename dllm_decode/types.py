@@ -198,10 +198,12 @@ class StepState:
     """Read-only view of one decoding step handed to policies.
 
     ``proposal`` fields, ``eligible``, ``masked``, ``fresh`` and ``canvas`` are ``[B, L]``
-    (proposal values at positions without a fresh forward this step are stale or zero; see
-    ``fresh``). ``budget`` is the scheduled number of commits per row ``[B]`` (int64) or
-    ``None`` for open-ended (adaptive) steps. ``forward_start``/``forward_width`` give the canvas
-    span the reference decoder's forward covered (random draws use that shape); ``times`` is
+    (proposal values at positions without a fresh proposal this step are stale or zero; see
+    ``fresh``: the fed positions, or only their masked ones when every policy part declares
+    ``reads_masked_only`` and the sampler scored those alone). ``budget`` is the scheduled
+    number of commits per row ``[B]`` (int64) or ``None`` for open-ended (adaptive) steps.
+    ``forward_start``/``forward_width`` give the canvas span the reference decoder's forward
+    covered (random draws use that shape); ``times`` is
     ``(t, s)`` on Dream's time grid (float32 scalars) or ``None``. ``memory`` is the
     per-generation state object a history policy created with ``init_memory``; it is the only
     mutable thing a policy sees. ``logits`` (only when a part declares ``needs_logits``) are

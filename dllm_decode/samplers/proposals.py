@@ -84,8 +84,8 @@ class ProposalMaker:
             removed = removed.to(logits.device)
         logits.index_fill_(-1, removed, -torch.inf)
 
-    def masked_rows(self, logits: Tensor, fed: Fed, live: Tensor | None,
-                    masked: Tensor) -> tuple[Tensor, Tensor] | None:
+    def masked_rows(self, logits: Tensor, fed: Fed, live: Tensor | None, masked: Tensor,
+                    count: int | None = None) -> tuple[Tensor, Tensor] | None:
         """The masked rows to score instead of every fed row, or ``None`` (score them all).
 
         Only when ``masked_only`` is set, the rows are a contiguous span and skipping the
@@ -94,6 +94,10 @@ class ProposalMaker:
         ``nonzero``, no device sync on the CPU), and per-row reductions there give the same
         bits on any number of rows.
 
+        Args:
+            count: the number of masked fed positions if the host knows it (skips counting
+                them when too few rows would be skipped).
+
         Returns: ``(rows, flat)``: ``[K]`` indices into the flattened ``[B * R]`` fed rows and
         the same positions as indices into the flattened ``[B, L]`` canvas.
         """
@@ -101,7 +105,7 @@ class ProposalMaker:
                 logits.device.type != "cpu":
             return None
         b, r, v = logits.shape
-        if b * r * v < MASKED_ROWS_MIN_SAVED:
+        if (b * r - (count or 0)) * v < MASKED_ROWS_MIN_SAVED:
             return None
         lo, hi = fed.span
         rows = masked[:, lo:hi].reshape(-1).nonzero().squeeze(1)
