@@ -8,17 +8,11 @@ in a separate Python, ``$DLLM_REF_PYTHON`` (torch + transformers 4.46.2), throug
 stays up as a subprocess answering JSON requests, so reference and library runs interleave:
 per configuration one warm-up each, then ``repeats`` x (reference run, our run), keeping each
 side's fastest run. Both sides time with ``time.thread_time`` on one torch thread the whole
-call and two splits of it, per step (= per forward: every loop here runs one forward per
-step):
-
-* like for like (the reported one): "model" is the time inside the network's core modules,
-  token embedding + every transformer block + final norm + LM head (forward hooks on the
-  reference's modules, ``reference_loops.core_modules``; on ours, ``overhead.CoreClock``);
-  everything else (RoPE tables and attention masks built inside a reference ``forward``, our
-  plan's, the proposal, the policy, the commit) is "non-model";
-* forward call (``model_ms_step_*`` / ``nonmodel_ms_step_*`` in the CSV): "model" is the
-  whole model call (the reference's ``forward`` wrapped on the loaded instance; ours through
-  ``overhead.TimedModel``), which puts the references' in-forward set-up on the model side.
+call and two splits of it per step (every loop here runs one forward per step): like for like
+(reported), "model" = the network's core modules (token embedding, every block, final norm,
+LM head; ``reference_loops.core_modules`` / ``overhead.CoreClock`` hooks), so RoPE tables and
+masks a reference ``forward`` builds are loop work as our plan's are; forward call
+(``model_ms_step_*`` / ``nonmodel_ms_step_*``), "model" = the whole model call.
 
 Reference arguments map onto ``DiffusionSampler`` settings through the conformance harness
 (``tests/conformance.py``: ``llada_settings`` / ``dream_settings``), the mapping the recorded
