@@ -7,10 +7,12 @@ in a separate Python, ``$DLLM_REF_PYTHON`` (torch + transformers 4.46.2), throug
 (the code is never part of this repository; benchmarks/README.md gives the set-up). The runner
 stays up as a subprocess answering JSON requests, so reference and library runs interleave:
 per configuration one warm-up each, then ``repeats`` x (reference run, our run), keeping each
-side's fastest run. Both sides time with ``time.thread_time`` on one torch thread: the whole
-call, and the model's forward (the reference's ``forward`` wrapped on the loaded instance;
-ours through ``overhead.TimedModel``); "non-model" is the difference, per step (= per
-forward: every loop here runs one forward per step).
+side's fastest run. Both sides time with ``time.thread_time`` on one torch thread the whole
+call and two splits of it per step (every loop here runs one forward per step): like for like
+(reported), "model" = the network's core modules (token embedding, every block, final norm,
+LM head; ``reference_loops.core_modules`` / ``overhead.CoreClock`` hooks), so RoPE tables and
+masks a reference ``forward`` builds are loop work as our plan's are; forward call
+(``model_ms_step_*`` / ``nonmodel_ms_step_*``), "model" = the whole model call.
 
 Reference arguments map onto ``DiffusionSampler`` settings through the conformance harness
 (``tests/conformance.py``: ``llada_settings`` / ``dream_settings``), the mapping the recorded
@@ -183,23 +185,27 @@ class Run:
     forwards: int
     tokens: list[list[int]]
     versions: dict[str, str] = field(default_factory=dict)  # the reference side's
+    core_s: float | None = None  # inside the core modules (like-for-like "model")
 
 
 def our_runner(model: Any, policy: str, params: dict[str, Any],
                prompt: torch.Tensor) -> Any:
     """A function running our sampler once (timed like the reference) -> ``Run``."""
-    from dllm_decode.overhead import ForwardClock, TimedModel
+    from dllm_decode.overhead import CoreClock, ForwardClock, TimedModel, core_modules
     from dllm_decode.samplers.sampler import DiffusionSampler
 
     timed = TimedModel(model, label=None)
+    core = CoreClock(core_modules(model))  # stays attached: the model is the benchmark's own
     sampler = DiffusionSampler(timed, policy, **params)
 
     def run() -> Run:
         timed.__dict__["clock"] = ForwardClock()
+        core.reset()
         t0 = time.thread_time()
         out = sampler.generate(prompt)
         total = time.thread_time() - t0
-        return Run(total, timed.clock.total, int(out.forwards), out.tokens.tolist())
+        return Run(total, timed.clock.total, int(out.forwards), out.tokens.tolist(),
+                   core_s=core.seconds)
 
     return run
 
@@ -208,17 +214,26 @@ def reference_run(runner: ReferenceRunner, request: dict[str, Any]) -> Run:
     reply = runner.run(dict(request, repeats=1, warmup=0))
     r = reply["runs"][0]
     return Run(r["total_s"], r["model_s"], int(r["forwards"]), reply["output_ids"],
-               reply.get("versions", {}))
+               reply.get("versions", {}), r.get("core_s"))
 
 
 def summarize(ref: Run, ours: Run, repeats: int) -> dict[str, Any]:
-    """The per-config numbers of one comparison (fastest run of each side)."""
-    def per_step(run: Run) -> tuple[float, float]:
+    """The per-config numbers of one comparison (fastest run of each side): the forward-call
+    split (``model_ms_step_*`` / ``nonmodel_ms_step_*``) and, when both runs timed their core
+    modules, the like-for-like one (``core_ms_step_*`` / ``loop_ms_step_*``)."""
+    def per_step(run: Run, model_s: float) -> tuple[float, float]:
         n = max(run.forwards, 1)
-        return 1e3 * run.model_s / n, 1e3 * (run.total_s - run.model_s) / n
+        return 1e3 * model_s / n, 1e3 * (run.total_s - model_s) / n
 
-    ref_model, ref_loop = per_step(ref)
-    our_model, our_loop = per_step(ours)
+    ref_model, ref_loop = per_step(ref, ref.model_s)
+    our_model, our_loop = per_step(ours, ours.model_s)
+    split: dict[str, Any] = {}
+    if ref.core_s is not None and ours.core_s is not None:
+        ref_core, ref_rest = per_step(ref, ref.core_s)
+        our_core, our_rest = per_step(ours, ours.core_s)
+        split = dict(core_ms_step_ref=ref_core, core_ms_step_ours=our_core,
+                     loop_ms_step_ref=ref_rest, loop_ms_step_ours=our_rest,
+                     loop_ratio=our_rest / ref_rest if ref_rest > 0 else float("nan"))
     a, b = torch.tensor(ref.tokens), torch.tensor(ours.tokens)
     same = a.shape == b.shape and torch.equal(a, b)
     diff = int((a != b).sum()) if a.shape == b.shape else max(a.numel(), b.numel())
@@ -228,7 +243,7 @@ def summarize(ref: Run, ours: Run, repeats: int) -> dict[str, Any]:
                 model_ms_step_ref=ref_model, model_ms_step_ours=our_model,
                 nonmodel_ms_step_ref=ref_loop, nonmodel_ms_step_ours=our_loop,
                 nonmodel_ratio=our_loop / ref_loop if ref_loop > 0 else float("nan"),
-                repeats=repeats)
+                **split, repeats=repeats)
 
 
 def compare(runner: ReferenceRunner, model: Any, checkpoint: str, cfg: RefConfig,
@@ -308,17 +323,21 @@ def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
-    """The README table of ``rows``."""
+    """The README table of ``rows`` (like-for-like split first, where the rows have it)."""
     lines = ["| model | reference loop | config | NFE ref / ours | tokens identical | "
-             "CPU time ours/ref | non-model ms/step ours vs ref | model ms/step ours vs ref |",
-             "|---|---|---|---|---|---|---|---|"]
+             "CPU time ours/ref | non-model ms/step ours vs ref (ratio) | model ms/step ours vs "
+             "ref | forward-call split: non-model ours vs ref |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
+        l4l = "loop_ms_step_ours" in r
+        loop = ("loop_ms_step_", "core_ms_step_", "loop_ratio") if l4l else (
+            "nonmodel_ms_step_", "model_ms_step_", "nonmodel_ratio")
         lines.append(
             f"| {r['model']} | `{r['reference']}` | {r['config']}, cache {r['cache']} | "
             f"{r['nfe_ref']} / {r['nfe_ours']} | {'yes' if r['tokens_identical'] else 'NO'} | "
-            f"{r['cpu_ratio']:.2f} | {r['nonmodel_ms_step_ours']:.2f} vs "
-            f"{r['nonmodel_ms_step_ref']:.2f} | {r['model_ms_step_ours']:.2f} vs "
-            f"{r['model_ms_step_ref']:.2f} |")
+            f"{r['cpu_ratio']:.2f} | {r[loop[0] + 'ours']:.2f} vs {r[loop[0] + 'ref']:.2f} "
+            f"({r[loop[2]]:.2f}) | {r[loop[1] + 'ours']:.2f} vs {r[loop[1] + 'ref']:.2f} | "
+            f"{r['nonmodel_ms_step_ours']:.2f} vs {r['nonmodel_ms_step_ref']:.2f} |")
     return "\n".join(lines)
 
 
@@ -334,13 +353,15 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig, ax = plt.subplots(figsize=(11, max(3.0, 0.5 * len(rows) + 1)))
     for i, (side, color) in enumerate((("ref", "tab:gray"), ("ours", "tab:blue"))):
         y = [2.4 * k + i for k in range(len(rows))]
-        model = [r[f"model_ms_step_{side}"] for r in rows]
-        loop = [r[f"nonmodel_ms_step_{side}"] for r in rows]
+        l4l = all("loop_ms_step_ours" in r for r in rows)
+        model = [r[f"core_ms_step_{side}" if l4l else f"model_ms_step_{side}"] for r in rows]
+        loop = [r[f"loop_ms_step_{side}" if l4l else f"nonmodel_ms_step_{side}"] for r in rows]
         ax.barh(y, model, color=color, alpha=0.45, label=f"{side}: model forward")
         ax.barh(y, loop, left=model, color=color, label=f"{side}: non-model (loop)")
     ax.set_yticks([2.4 * k + 0.5 for k in range(len(rows))], labels, fontsize=7)
     ax.invert_yaxis()
-    ax.set_xlabel("thread CPU ms per step (fastest of the interleaved runs)")
+    ax.set_xlabel("thread CPU ms per step (fastest of the interleaved runs; model = embedding, "
+                  "blocks, final norm, LM head)")
     ax.legend(fontsize=7)
     fig.tight_layout()
     fig.savefig(path, dpi=110)

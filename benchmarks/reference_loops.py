@@ -23,9 +23,13 @@ reference code prints goes to stderr). A request::
      "repeats": 1, "warmup": 0}
 
 and its reply: ``{"id", "output_ids", "nfe", "nfe_reported", "runs": [{"total_s", "model_s",
-"forwards"}, ...], "versions": {...}}`` (or ``{"id", "error"}``). ``total_s`` is the thread
-CPU time of the whole reference call, ``model_s`` the part spent inside the model's
-``forward`` (wrapped on the loaded instance), ``forwards`` the number of its calls (NFE).
+"core_s", "forwards"}, ...], "versions": {...}}`` (or ``{"id", "error"}``). ``total_s`` is the
+thread CPU time of the whole reference call, ``model_s`` the part spent inside the model's
+``forward`` (wrapped on the loaded instance), ``core_s`` the part spent inside the network's
+core modules (token embedding, each transformer block, final norm, LM head; forward hooks), the
+same modules our side times (``dllm_decode.overhead.CoreClock``), so that RoPE tables, masks and
+any other set-up inside the reference ``forward`` count as loop work, as they do on our side;
+``forwards`` the number of ``forward`` calls (NFE).
 Each timed run is preceded by ``torch.manual_seed(seed)``. Torch runs on one thread, float32,
 with TorchDynamo disabled (Fast-dLLM's modeling wraps its SDPA call in ``torch.compile``),
 as when the conformance fixtures were recorded.
@@ -110,6 +114,43 @@ class References:
         return self._models[key]
 
 
+def core_modules(model: Any, family: str) -> list[Any]:
+    """The modules whose time is "model" in the like-for-like split: token embedding, every
+    transformer block, final norm, LM head (Fast-dLLM's LLaDA modeling / Dream's)."""
+    if family == "llada":
+        t = model.model.transformer
+        if not hasattr(t, "ff_out") or not hasattr(t, "blocks"):
+            raise ValueError("the like-for-like split needs an untied LM head (ff_out) and "
+                             "block_group_size 1")
+        return [t.wte, *t.blocks, t.ln_f, t.ff_out]
+    base = model.model
+    return [base.embed_tokens, *base.layers, base.norm, model.lm_head]
+
+
+class CoreTimer:
+    """Thread CPU seconds inside ``modules`` (forward pre/post hooks; not nested)."""
+
+    def __init__(self, modules: list[Any]) -> None:
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+        def pre(module: Any, args: Any) -> None:
+            self._t0 = time.thread_time()
+
+        def post(module: Any, args: Any, out: Any) -> None:
+            self.seconds += time.thread_time() - self._t0
+
+        self._handles = [h for m in modules for h in (m.register_forward_pre_hook(pre),
+                                                      m.register_forward_hook(post))]
+
+    def reset(self) -> None:
+        self.seconds = 0.0
+
+    def close(self) -> None:
+        for h in self._handles:
+            h.remove()
+
+
 class ForwardTimer:
     """Wraps ``model.forward`` on the instance: thread CPU seconds and calls."""
 
@@ -154,10 +195,12 @@ def run_request(refs: References, req: dict[str, Any]) -> dict[str, Any]:
             return (out[0], int(out[1])) if isinstance(out, tuple) else (out, None)
 
     timer = ForwardTimer(model)
+    core = CoreTimer(core_modules(model, family))
     runs, out, reported = [], None, None
     try:
         for r in range(int(req.get("warmup", 0)) + int(req.get("repeats", 1))):
             timer.reset()
+            core.reset()
             torch.manual_seed(seed)
             with contextlib.redirect_stdout(sys.stderr), torch.no_grad():
                 t0 = time.thread_time()
@@ -165,8 +208,9 @@ def run_request(refs: References, req: dict[str, Any]) -> dict[str, Any]:
                 total = time.thread_time() - t0
             if r >= int(req.get("warmup", 0)):
                 runs.append({"total_s": total, "model_s": timer.seconds,
-                             "forwards": timer.calls})
+                             "core_s": core.seconds, "forwards": timer.calls})
     finally:
+        core.close()
         timer.close()
     assert out is not None
     return {"id": req.get("id"), "output_ids": out.tolist(), "nfe": runs[-1]["forwards"],

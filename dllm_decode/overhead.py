@@ -12,6 +12,11 @@ with the canvas) and everything else. ``measure_overhead`` decodes once without 
   ``loop_kernels``: the same without view / metadata ops (``slice``, ``unsqueeze``,
   ``expand``, ...), i.e. the ops that launch a kernel on a GPU.
 
+``CoreClock`` times a narrower "model": only the network's core modules (token embedding,
+each decoder layer, final norm, LM head), so that work a model does around them inside its
+``forward`` (RoPE tables, masks, row selection) counts as loop work. The reference-loop
+comparison (``benchmarks/overhead_reference.py``) times the reference models' same modules.
+
 Thread CPU time (``time.thread_time``) is immune to pre-emption but not to memory-bandwidth
 contention; op counts are hardware independent. Everything here is for benchmarks: it syncs
 freely and patches ``torch.nn.functional.scaled_dot_product_attention`` while it times.
@@ -87,6 +92,43 @@ class TimedModel:
         else:
             clock.attention += self._in_attention[0] - attn0
         return out
+
+
+def core_modules(model: Any) -> list[torch.nn.Module]:
+    """A ``DecoderLM``'s (or a ``TimedModel``'s) core modules: token embedding, every decoder
+    layer, final norm, LM head."""
+    inner = model.__dict__.get("_model", model)
+    return [inner.embed, *inner.layers, inner.norm, inner.head]
+
+
+class CoreClock:
+    """Thread CPU seconds inside ``modules`` (forward pre / post hooks; calls must not nest).
+
+    Args:
+        modules: e.g. ``core_modules(model)``.
+    """
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self.seconds = 0.0
+        self._t0 = 0.0
+
+        def pre(module: torch.nn.Module, args: Any) -> None:
+            self._t0 = time.thread_time()
+
+        def post(module: torch.nn.Module, args: Any, out: Any) -> None:
+            self.seconds += time.thread_time() - self._t0
+
+        self._handles = [h for m in modules for h in (m.register_forward_pre_hook(pre),
+                                                      m.register_forward_hook(post))]
+
+    def reset(self) -> None:
+        """Zero the accumulated time."""
+        self.seconds = 0.0
+
+    def close(self) -> None:
+        """Remove the hooks."""
+        for h in self._handles:
+            h.remove()
 
 
 @contextlib.contextmanager

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import torch
 from torch import Tensor
@@ -49,7 +49,18 @@ class Impl(str, Enum):
     TRITON = "triton"
 
 
-@dataclass(frozen=True)
+#: the ``Proposal`` fields computed only for policies that read them (declared as
+#: ``Capabilities(proposal_fields=...)``); ``tokens``, ``prob`` and ``argmax`` always are
+OPTIONAL_FIELDS: Final[tuple[str, ...]] = ("margin", "logit_margin", "neg_entropy")
+#: every ``Proposal`` field name
+PROPOSAL_FIELDS: Final[tuple[str, ...]] = ("tokens", "prob", "argmax", *OPTIONAL_FIELDS)
+
+
+class ProposalFieldError(RuntimeError):
+    """A ``Proposal`` field that was not computed this step was read (see ``Proposal``)."""
+
+
+@dataclass(frozen=True, init=False)
 class Proposal:
     """Per-position proposal for one forward.
 
@@ -57,14 +68,75 @@ class Proposal:
     of ``tokens`` under the scoring distribution, ``margin`` the top-2 probability gap,
     ``logit_margin`` the top-2 raw-logit gap, ``neg_entropy`` is ``sum p log p`` (<= 0).
     ``argmax`` is the greedy token (``None``: same as ``tokens``, i.e. no sampling happened).
+    ``lse`` is the log-sum-exp of the scoring logits when the kernel provides it (``None``
+    otherwise, and on the canvas-wide ``StepState.proposal``): the decode contract's
+    finiteness check reads it when the entropy was not computed.
+
+    The sampler computes ``margin``, ``logit_margin`` and ``neg_entropy`` only when a part of
+    the policy reads them (``Capabilities.proposal_fields``; parts that declare nothing get
+    every field). A field that was not computed is absent: ``has(name)`` is False and reading
+    it raises ``ProposalFieldError`` naming the capability to declare (never a stale or zero
+    value).
     """
 
     tokens: Tensor
     prob: Tensor
-    margin: Tensor
-    logit_margin: Tensor
-    neg_entropy: Tensor
-    argmax: Tensor | None = None
+    argmax: Tensor | None
+    _margin: Tensor | None
+    _logit_margin: Tensor | None
+    _neg_entropy: Tensor | None
+    lse: Tensor | None
+
+    def __init__(self, tokens: Tensor, prob: Tensor, margin: Tensor | None = None,
+                 logit_margin: Tensor | None = None, neg_entropy: Tensor | None = None,
+                 argmax: Tensor | None = None, lse: Tensor | None = None) -> None:
+        put = object.__setattr__  # frozen
+        put(self, "tokens", tokens)
+        put(self, "prob", prob)
+        put(self, "argmax", argmax)
+        put(self, "_margin", margin)
+        put(self, "_logit_margin", logit_margin)
+        put(self, "_neg_entropy", neg_entropy)
+        put(self, "lse", lse)
+
+    def has(self, name: str) -> bool:
+        """Whether field ``name`` was computed (``tokens`` / ``prob`` always are; ``argmax``
+        counts as present: ``greedy`` falls back to ``tokens``)."""
+        if name not in PROPOSAL_FIELDS:
+            raise ValueError(f"unknown Proposal field {name!r}; fields: {PROPOSAL_FIELDS}")
+        return name not in OPTIONAL_FIELDS or getattr(self, f"_{name}") is not None
+
+    def get(self, name: str) -> Tensor | None:
+        """Field ``name``, or ``None`` when it was not computed (no error)."""
+        if name in OPTIONAL_FIELDS:
+            return getattr(self, f"_{name}")
+        return getattr(self, name)
+
+    def _field(self, name: str) -> Tensor:
+        value = getattr(self, f"_{name}")
+        if value is None:
+            raise ProposalFieldError(
+                f"Proposal.{name} was not computed this step: the sampler computes "
+                f"{list(OPTIONAL_FIELDS)} only for policy parts that read them. Declare it on "
+                f"the selector / stopper / truncator that reads it: capabilities = "
+                f"Capabilities(proposal_fields=({name!r},)) (or leave proposal_fields unset: "
+                f"every field)")
+        return value
+
+    @property
+    def margin(self) -> Tensor:
+        """``[B, N]`` float32 top-2 probability gap (``ProposalFieldError`` if not computed)."""
+        return self._field("margin")
+
+    @property
+    def logit_margin(self) -> Tensor:
+        """``[B, N]`` float32 top-2 raw-logit gap (``ProposalFieldError`` if not computed)."""
+        return self._field("logit_margin")
+
+    @property
+    def neg_entropy(self) -> Tensor:
+        """``[B, N]`` float32 ``sum p log p`` (``ProposalFieldError`` if not computed)."""
+        return self._field("neg_entropy")
 
     @property
     def greedy(self) -> Tensor:
@@ -77,12 +149,8 @@ class Proposal:
         if ScoreKind(kind) is ScoreKind.RANDOM:
             raise ValueError("score 'random' is drawn per step from the sampler's generator; "
                              "selectors read it with dllm_decode.policies.base.step_score")
-        return {
-            ScoreKind.PROB: self.prob,
-            ScoreKind.MARGIN: self.margin,
-            ScoreKind.NEG_ENTROPY: self.neg_entropy,
-            ScoreKind.LOGIT_MARGIN: self.logit_margin,
-        }[ScoreKind(kind)]
+        kind = ScoreKind(kind)
+        return self.prob if kind is ScoreKind.PROB else self._field(kind.value)
 
 
 class Selection(NamedTuple):
@@ -130,10 +198,12 @@ class StepState:
     """Read-only view of one decoding step handed to policies.
 
     ``proposal`` fields, ``eligible``, ``masked``, ``fresh`` and ``canvas`` are ``[B, L]``
-    (proposal values at positions without a fresh forward this step are stale or zero; see
-    ``fresh``). ``budget`` is the scheduled number of commits per row ``[B]`` (int64) or
-    ``None`` for open-ended (adaptive) steps. ``forward_start``/``forward_width`` give the canvas
-    span the reference decoder's forward covered (random draws use that shape); ``times`` is
+    (proposal values at positions without a fresh proposal this step are stale or zero; see
+    ``fresh``: the fed positions, or only their masked ones when every policy part declares
+    ``reads_masked_only`` and the sampler scored those alone). ``budget`` is the scheduled
+    number of commits per row ``[B]`` (int64) or ``None`` for open-ended (adaptive) steps.
+    ``forward_start``/``forward_width`` give the canvas span the reference decoder's forward
+    covered (random draws use that shape); ``times`` is
     ``(t, s)`` on Dream's time grid (float32 scalars) or ``None``. ``memory`` is the
     per-generation state object a history policy created with ``init_memory``; it is the only
     mutable thing a policy sees. ``logits`` (only when a part declares ``needs_logits``) are

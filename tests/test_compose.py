@@ -113,7 +113,9 @@ def test_declared_capabilities_are_read() -> None:
     DiffusionSampler(LLADA, LogitsReader(seen), gen_length=4).generate(PROMPT)
     assert seen and all(seen)
     sampler = DiffusionSampler(LLADA, "ete", lookahead=5)
-    assert sampler.capabilities.selector == Capabilities(budgeted=False, lookahead=5)
+    assert sampler.capabilities.selector == Capabilities(budgeted=False, lookahead=5,
+                                                         proposal_fields=("neg_entropy",),
+                                                         reads_masked_only=True)
     assert DiffusionSampler(LLADA, "eotp").capabilities.full_span
     assert capabilities_of(make_policy("sched").selector).budgeted  # the base's, forwarded
 

@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from dllm_decode.models.loading import load_model
-from dllm_decode.overhead import TimedModel, count_loop_ops, measure_overhead
+from dllm_decode.overhead import (
+    CoreClock,
+    ForwardClock,
+    TimedModel,
+    core_modules,
+    count_loop_ops,
+    measure_overhead,
+)
 from dllm_decode.samplers.sampler import DiffusionSampler
 from dllm_decode.samplers.step import SpanMasks, bits_per_step
 from tests.helpers import tiny_model
@@ -37,6 +44,33 @@ def test_timed_model_passes_through_and_counts():
     assert torch.equal(out.tokens, ref.tokens)
     assert timed.clock.calls == out.forwards
     assert 0 < timed.clock.refresh_calls < timed.clock.calls  # one refresh per block
+
+
+def test_core_clock_times_the_core_modules_only():
+    model = tiny_model("llada")
+    timed = TimedModel(model)
+    assert core_modules(timed) == core_modules(model) == [
+        model.embed, *model.layers, model.norm, model.head]
+    core = CoreClock(core_modules(model))
+    try:
+        timed.__dict__["clock"] = ForwardClock()
+        out = _sampler(timed, "none", "low_confidence").generate(PROMPT)
+        assert 0 < core.seconds <= timed.clock.total and out.forwards == 16
+        core.reset()
+        assert core.seconds == 0.0
+    finally:
+        core.close()
+    model(torch.zeros(1, 4, dtype=torch.long), torch.arange(4)[None])
+    assert core.seconds == 0.0  # hooks removed
+
+
+def test_precomputed_rope_tables_give_the_same_logits():
+    model = tiny_model("dream")
+    x, pos = torch.randint(0, 60, (2, 7)), torch.arange(3, 10).expand(2, -1)
+    with torch.inference_mode():
+        want = model(x, pos)
+        got = model(x, pos, rope=model.rope_tables(pos))
+    assert torch.equal(got, want)
 
 
 def test_loop_ops_exclude_the_model():

@@ -133,6 +133,15 @@ def test_summary_numbers() -> None:
     assert not bad["tokens_identical"] and bad["positions_differing"] == 2
     row = dict(model="m", reference="llada.generate", config="c", cache="none", **bad)
     assert "| NO |" in ovr.markdown([row])
+    # like for like: "model" = the core modules; RoPE / masks set up in forward are loop work
+    ref = ovr.Run(total_s=0.10, model_s=0.06, forwards=4, tokens=[[1]], core_s=0.05)
+    ours = ovr.Run(total_s=0.08, model_s=0.06, forwards=4, tokens=[[1]], core_s=0.055)
+    s = ovr.summarize(ref, ours, repeats=1)
+    assert s["loop_ms_step_ref"] == pytest.approx(12.5)
+    assert s["loop_ms_step_ours"] == pytest.approx(6.25)
+    assert s["core_ms_step_ours"] == pytest.approx(13.75) and s["loop_ratio"] == pytest.approx(0.5)
+    line = ovr.markdown([dict(model="m", reference="r", config="c", cache="none", **s)])
+    assert "6.25 vs 12.50 (0.50)" in line and "5.00 vs 10.00 |" in line
 
 
 def test_generation_config_is_written_beside_links(tmp_path: Path) -> None:

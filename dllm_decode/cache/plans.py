@@ -130,7 +130,7 @@ class ForwardPlan:
         # per-generation memo of the step's index tensors and masks, keyed by host integers
         # (a block's steps reuse them: no per-step arange / mask building); ``restrict``
         # clears the masks that depend on ``valid``
-        self._memo: dict[tuple, Tensor | None] = {}
+        self._memo: dict[tuple, Any] = {}
 
     def _arange(self, lo: int, hi: int) -> Tensor:
         """Cached ``arange(lo, hi)`` on the plan's device (read-only)."""
@@ -194,10 +194,14 @@ class ForwardPlan:
         rows = self._arange(lo - start, hi - start)
         tokens = canvas if (start, end) == (0, self.length) else canvas[:, start:end]
         key = ("span", start, end)
-        if key not in self._memo:  # RoPE positions and cache slots of the span
-            self._memo[key] = self.positions[:, start:end]
-            self._memo[("slots", start, end)] = span.expand_as(self._memo[key])
+        if key not in self._memo:  # RoPE positions (and tables) and cache slots of the span
+            self._memo[key] = pos = self.positions[:, start:end]
+            self._memo[("slots", start, end)] = span.expand_as(pos)
+            tables = getattr(self.model, "rope_tables", None)  # DecoderLM models have them
+            self._memo[("rope", start, end)] = None if tables is None else tables(pos)
         pos = self._memo[key]
+        rope = {} if self._memo[("rope", start, end)] is None else {
+            "rope": self._memo[("rope", start, end)]}
         drafting = self._draft_upto is not None
         if use_cache:
             mask = self._keys_mask(start, end)
@@ -205,14 +209,14 @@ class ForwardPlan:
                 mask = self._draft_mask(mask, span, self._arange(0, self.length))
             slots = self._memo[("slots", start, end)]
             return self.model(tokens, pos, cache=self.cache, slots=slots, mask=mask, store=True,
-                              hidden_rows=rows)
+                              hidden_rows=rows, **rope)
         key = ("self_mask", start, end, self.boundary if self.causal_prefix else 0)
         if key not in self._memo:
             self._memo[key] = self._self_mask(start, end, span)
         mask = self._memo[key]
         if drafting:
             mask = self._draft_mask(mask, span, span)
-        return self.model(tokens, pos, mask=mask, hidden_rows=rows)
+        return self.model(tokens, pos, mask=mask, hidden_rows=rows, **rope)
 
     def _self_mask(self, start: int, end: int, span: Tensor) -> Tensor | None:
         """Uncached forwards over ``[start, end)``: ``[B', N, N]`` or ``None`` (all visible)."""

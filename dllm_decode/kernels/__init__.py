@@ -20,6 +20,7 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Collection
 from types import ModuleType
 
 import torch
@@ -334,9 +335,13 @@ def block_attention(
 
 def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel",
             top_p: float | None = None, top_k: int | None = None, noise: Tensor | None = None,
-            generator: torch.Generator | None = None,
-            impl: Impl | str = Impl.AUTO) -> Proposal:
+            generator: torch.Generator | None = None, impl: Impl | str = Impl.AUTO,
+            fields: Collection[str] | None = None) -> Proposal:
     """Fused proposal over the vocabulary; see ``reference.propose`` for the semantics.
+
+    ``fields``: the optional ``Proposal`` fields wanted (``types.OPTIONAL_FIELDS``; ``None``:
+    all). The reference computes only those; the Triton kernel computes every statistic in its
+    one pass and the others are dropped, so both impls return the same fields.
 
     Triton covers ``sampling="gumbel"`` in one pass over V (scores from the fp32 statistics,
     token = argmax or a Gumbel-max sample, ``prob`` = its un-noised probability). With
@@ -354,7 +359,7 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
     chosen = _choose(impl, logits.device, unsupported, "propose", logits.dtype)
     if chosen is Impl.REFERENCE or sampling != "gumbel":
         return reference.propose(logits, temperature=temperature, sampling=sampling, top_p=top_p,
-                                 top_k=top_k, noise=noise, generator=generator)
+                                 top_k=top_k, noise=noise, generator=generator, fields=fields)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     check_logits(logits)
@@ -376,9 +381,15 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
                                                  seed=seed, noise=noise)
         prob = out[5]
     shape = logits.shape[:-1]
-    return Proposal(tokens=tokens.view(shape), prob=prob.view(shape), margin=out[2].view(shape),
-                    logit_margin=out[3].view(shape), neg_entropy=out[4].view(shape),
-                    argmax=None if argmax is None else argmax.view(shape))
+    want = reference.STAT_FIELDS if fields is None else frozenset(fields)
+
+    def opt(name: str) -> Tensor | None:
+        return out[STAT_NAMES.index(name)].view(shape) if name in want else None
+
+    return Proposal(tokens=tokens.view(shape), prob=prob.view(shape), margin=opt("margin"),
+                    logit_margin=opt("logit_margin"), neg_entropy=opt("neg_entropy"),
+                    argmax=None if argmax is None else argmax.view(shape),
+                    lse=out[0].view(shape))
 
 
 __all__ = ["ENV_VAR", "AttentionOutput", "GumbelSample", "block_attention", "confidence_stats",

@@ -7,6 +7,7 @@ module (anything both need lives in ``kernels/common.py``).
 from __future__ import annotations
 
 import math
+from collections.abc import Collection
 
 import torch
 import torch.nn.functional as F
@@ -23,41 +24,70 @@ from dllm_decode.kernels.common import (
     positions,
     rope_table,
 )
-from dllm_decode.types import Proposal
+from dllm_decode.types import OPTIONAL_FIELDS, Proposal
 
+#: the optional statistics of ``confidence_stats`` (and fields of ``propose``)
+STAT_FIELDS = frozenset(OPTIONAL_FIELDS)
 #: stands in for -inf in filtered logits, as Dream's top-p/top-k filters do (dtype minimum)
 _NEG = torch.finfo(torch.float32).min
 
 
-def confidence_stats(logits: Tensor) -> dict[str, Tensor]:
+def confidence_stats(logits: Tensor,
+                     fields: Collection[str] | None = None) -> dict[str, Tensor]:
     """One pass over V: argmax token and its probability, top-2 margins, entropy, LSE.
 
     Args:
         logits: ``[..., V]`` any float dtype (``-inf`` entries allowed).
+        fields: the optional statistics wanted, any of ``margin``, ``logit_margin``,
+            ``neg_entropy`` (``None``: all); ``token``, ``p_max`` and ``lse`` are always
+            computed. Without a margin the token and its logit come from one ``max`` (first
+            index on ties, as ``argmax``) instead of ``topk`` + ``argmax``; the values are the
+            same bits either way.
 
     Returns: dict of ``[...]`` float32 tensors (computed in fp32): ``token`` (int64, ties to
     the lowest index), ``p_max``, ``margin`` (p1 - p2), ``logit_margin`` (z1 - z2),
-    ``neg_entropy`` (sum p log p, with 0 log 0 = 0), ``lse``.
+    ``neg_entropy`` (sum p log p, with 0 log 0 = 0), ``lse``; the optional ones only if asked.
     """
+    want = STAT_FIELDS if fields is None else frozenset(fields)
     z = logits if logits.dtype == torch.float32 else logits.float()
     lse = torch.logsumexp(z, dim=-1)
+    out = {"lse": lse}
+    if "margin" in want or "logit_margin" in want:
+        z1, z2 = _top2(z)
+        out["token"] = torch.argmax(z, dim=-1)
+        p1 = (z1 - lse).exp()
+        if "margin" in want:
+            out["margin"] = p1 - (z2 - lse).exp()
+        if "logit_margin" in want:
+            out["logit_margin"] = z1 - z2
+    else:
+        z1, out["token"] = torch.max(z, dim=-1)  # first maximum, as argmax
+        p1 = (z1 - lse).exp()
+    out["p_max"] = p1
+    if "neg_entropy" in want:
+        # sum p log p with 0 log 0 = 0: log p is clamped to the dtype minimum first, whose exp
+        # is exactly 0 as exp(-inf) is (same bits as exp(logp) * logp.clamp_min(min)); in place
+        logp = (z - lse[..., None]).clamp_min_(_NEG)
+        out["neg_entropy"] = logp.exp().mul_(logp).sum(-1)
+    return out
+
+
+def logit_margin(logits: Tensor) -> Tensor:
+    """``[..., V]`` -> ``[...]`` float32 top-2 raw-logit gap ``z1 - z2`` (``inf`` if V == 1),
+    as ``confidence_stats`` computes it."""
+    z1, z2 = _top2(logits if logits.dtype == torch.float32 else logits.float())
+    return z1 - z2
+
+
+def _top2(z: Tensor) -> tuple[Tensor, Tensor]:
+    """The two largest values of ``z [..., V]`` (the second ``-inf`` if V == 1)."""
     top2 = torch.topk(z, k=min(2, z.shape[-1]), dim=-1).values
     if z.shape[-1] > 1:
         z1, z2 = top2.unbind(-1)
     else:
         z1 = top2[..., 0]
         z2 = torch.full_like(z1, -math.inf)
-    logp = z - lse[..., None]
-    neg_entropy = (logp.exp() * logp.clamp_min(_NEG)).sum(-1)
-    p1, p2 = (z1 - lse).exp(), (z2 - lse).exp()
-    return {
-        "token": torch.argmax(z, dim=-1),
-        "p_max": p1,
-        "margin": p1 - p2,
-        "logit_margin": z1 - z2,
-        "neg_entropy": neg_entropy,
-        "lse": lse,
-    }
+    return z1, z2
 
 
 def gumbel_argmax(logits: Tensor, temperature: float, uniform: Tensor) -> Tensor:
@@ -73,7 +103,7 @@ def gumbel_argmax(logits: Tensor, temperature: float, uniform: Tensor) -> Tensor
 def filter_logits(logits: Tensor, temperature: float, top_p: float | None,
                   top_k: int | None) -> Tensor:
     """Dream's sampling distribution: temper, then top-p, then top-k (filtered -> dtype min)."""
-    z = logits.float()
+    z = logits if logits.dtype == torch.float32 else logits.float()
     if temperature > 0:
         z = z / temperature
     if top_p is not None and top_p < 1:
@@ -100,6 +130,7 @@ def propose(
     top_k: int | None = None,
     noise: Tensor | None = None,
     generator: torch.Generator | None = None,
+    fields: Collection[str] | None = None,
 ) -> Proposal:
     """Proposal for every row of ``logits [B, N, V]``.
 
@@ -107,15 +138,19 @@ def propose(
     float64 Gumbel-max sample; scores use the un-noised, untempered softmax.
     ``sampling="categorical"`` (Dream): the distribution is tempered and top-p/top-k filtered;
     the token is its argmax, or at ``T > 0`` a categorical draw (``argmax(p / E)``, E ~ Exp(1),
-    torch's own multinomial algorithm); scores use that distribution.
+    torch's own multinomial algorithm); scores use that distribution (``logit_margin``: the
+    raw logits).
 
     ``noise`` (optional, ``[B, N, V]``): uniform float64 for gumbel, Exp(1) float32 for
     categorical; drawn from ``generator`` when omitted. Ties go to the lowest index.
+    ``fields``: the optional ``Proposal`` fields to compute (``types.OPTIONAL_FIELDS``;
+    ``None``: all); the others are left absent.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    want = STAT_FIELDS if fields is None else STAT_FIELDS & frozenset(fields)
     if sampling == "gumbel":
-        stats = confidence_stats(logits)
+        stats = confidence_stats(logits, want)
         if temperature > 0:
             if noise is None:
                 noise = torch.rand(logits.shape, dtype=torch.float64, generator=generator,
@@ -127,8 +162,11 @@ def propose(
             tokens, prob = stats["token"], stats["p_max"]
     elif sampling == "categorical":
         z = filter_logits(logits, temperature, top_p, top_k)
-        stats = confidence_stats(z)
-        stats["logit_margin"] = confidence_stats(logits)["logit_margin"]
+        # the logit margin is of the raw logits: computed from them alone, and only if asked
+        # (not a second full pass over V)
+        stats = confidence_stats(z, want - {"logit_margin"})
+        if "logit_margin" in want:
+            stats["logit_margin"] = logit_margin(logits)
         if temperature > 0:
             probs = F.softmax(z, dim=-1)
             if noise is None:
@@ -140,9 +178,10 @@ def propose(
     else:
         raise ValueError(f"sampling must be 'gumbel' or 'categorical', got {sampling!r}")
     prob = prob if prob.dtype == torch.float32 else prob.float()
-    return Proposal(tokens=tokens, prob=prob, margin=stats["margin"],
-                    logit_margin=stats["logit_margin"], neg_entropy=stats["neg_entropy"],
-                    argmax=stats["token"] if temperature > 0 else None)
+    return Proposal(tokens=tokens, prob=prob, margin=stats.get("margin"),
+                    logit_margin=stats.get("logit_margin"),
+                    neg_entropy=stats.get("neg_entropy"),
+                    argmax=stats["token"] if temperature > 0 else None, lse=stats["lse"])
 
 
 # --- ops with a Triton twin (kernels/triton); shared checks live in kernels/common.py ---------

@@ -308,6 +308,12 @@ class DecoderLM(nn.Module):
         b, length = valid.shape
         return torch.arange(length, device=valid.device).expand(b, length)
 
+    def rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """``positions [B, N]`` -> the fp32 ``cos, sin [B, 1, N, D]`` a forward at those
+        positions uses (``rope_cos_sin``): a caller that feeds the same positions again (the
+        cache plans, every step of a block) computes them once and passes ``rope=``."""
+        return rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta)
+
     def new_cache(self, batch_size: int, max_len: int) -> BlockKVCache:
         """A preallocated K/V cache for this model (model dtype and device)."""
         p = self.head.weight
@@ -330,6 +336,7 @@ class DecoderLM(nn.Module):
         mask: Tensor | None = None,
         store: bool = True,
         hidden_rows: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
     ) -> Tensor:
         """Logits aligned by position.
 
@@ -343,6 +350,8 @@ class DecoderLM(nn.Module):
                 ``None``: everything visible (block-causal models build their mask).
             store: write fresh K/V into the cache (else attend to them without storing).
             hidden_rows: optional ``[R]`` indices into N; logits only for those rows.
+            rope: optional ``rope_tables(positions)`` computed by the caller (the same
+                tables; ``None``: computed here).
 
         Returns: logits ``[B, N, V]`` (or ``[B, R, V]``); ``logits[:, i]`` predicts
         ``tokens[:, i]``.
@@ -357,7 +366,7 @@ class DecoderLM(nn.Module):
                 raise ValueError("pass an explicit mask for cached block-causal forwards")
             mask = block_causal_mask(positions, positions, self.spec.block_size)
         h = self.embed(tokens)
-        cos, sin = rope_cos_sin(positions, self.spec.head_dim, self.spec.rope_theta)
+        cos, sin = self.rope_tables(positions) if rope is None else rope
         impl = kernels.resolve_impl(self.attn_impl, h.device, dtype=h.dtype,
                                     ops=("kv_write_", "block_attention")) if cache is not None \
             else Impl.REFERENCE
@@ -367,7 +376,7 @@ class DecoderLM(nn.Module):
         if self.spec.logit_shift:
             h = torch.cat((h[:, :1], h[:, :-1]), dim=1)
         if hidden_rows is not None:
-            h = h[:, hidden_rows]
+            h = h.index_select(1, hidden_rows)
         return self.head(h)
 
     # ---- checkpoint names -----------------------------------------------------------------

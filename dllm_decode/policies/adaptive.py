@@ -37,8 +37,8 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import rank_desc, step_score, top1_mask
-from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.base import lowest, rank_desc, step_score, top1_mask
+from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
@@ -64,7 +64,12 @@ class Threshold:
 
     tau: float = 0.9
     score: ScoreKind = ScoreKind.PROB
-    capabilities = Capabilities(budgeted=False)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
+        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
+                            reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -81,8 +86,7 @@ class Threshold:
         # eligible & (score >= tau | the row's best eligible position), i.e. ``top1_mask``
         # folded in: one argmax, first maximum on ties
         eligible = state.eligible
-        neg = torch.finfo(score.dtype).min
-        best = torch.where(eligible, score, neg).argmax(-1, keepdim=True)
+        best = torch.where(eligible, score, lowest(score.dtype)).argmax(-1, keepdim=True)
         return eligible & (score >= self.tau).scatter_(-1, best, True)
 
 
@@ -101,7 +105,12 @@ class Factor:
     factor: float = 1.0
     score: ScoreKind = ScoreKind.PROB
     last_rank_quirk: bool = False
-    capabilities = Capabilities(budgeted=False)
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
+        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
+                            reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -139,7 +148,8 @@ class EntropyBounded:
     prefix U with ``sum_{U} H - max_{U} H <= gamma`` (at least one)."""
 
     gamma: float = 0.1
-    capabilities = Capabilities(budgeted=False)
+    capabilities = Capabilities(budgeted=False, proposal_fields=("neg_entropy",),
+                                reads_masked_only=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "EntropyBounded")
@@ -169,7 +179,9 @@ class EntropyThreshold:
     """
 
     theta: float | None = None
-    capabilities = Capabilities(budgeted=False, needs_logits=True)
+    #: its entropy comes from the logits; the proposal's is read only on hand-built states
+    capabilities = Capabilities(budgeted=False, needs_logits=True, proposal_fields=(),
+                                reads_masked_only=True)
 
     def bind(self, model: Any, cfg: Any = None) -> EntropyThreshold:
         """With ``theta`` resolved for ``model``'s family (unchanged if given)."""

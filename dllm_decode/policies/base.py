@@ -47,6 +47,20 @@ class Truncator(Protocol):
         ...
 
 
+#: ``lowest(dtype)`` of the float dtypes, looked up once (``torch.finfo`` costs a few µs a call)
+_LOWEST = {dt: torch.finfo(dt).min for dt in (torch.float16, torch.bfloat16, torch.float32,
+                                               torch.float64)}
+
+
+def lowest(dtype: torch.dtype) -> float:
+    """The fill that ranks below every eligible score of ``dtype``: the dtype's finite minimum
+    (``-2**62`` for integer scores)."""
+    low = _LOWEST.get(dtype)
+    if low is not None:
+        return low
+    return torch.finfo(dtype).min if dtype.is_floating_point else -(2**62)
+
+
 def random_scores(state: StepState) -> Tensor:
     """``[B, L]`` float32 uniforms for this step (zero outside the fed span).
 
@@ -77,8 +91,7 @@ def rank_desc(score: Tensor, eligible: Tensor) -> Tensor:
 
     Ties go to the lower index (stable sort); ineligible positions rank after all eligible.
     """
-    neg = torch.finfo(score.dtype).min if score.is_floating_point() else -(2**62)
-    key = torch.where(eligible, score, neg)
+    key = torch.where(eligible, score, lowest(score.dtype))
     order = torch.sort(key, dim=-1, descending=True, stable=True).indices
     ranks = torch.argsort(order, dim=-1)  # the inverse permutation (exact, no ties)
     # ineligible entries sorted among -inf/min ties: push them behind every eligible one
@@ -87,9 +100,8 @@ def rank_desc(score: Tensor, eligible: Tensor) -> Tensor:
 
 def topk_mask(score: Tensor, eligible: Tensor, k: Tensor) -> Tensor:
     """Commit the ``k [B]`` best eligible positions per row (no host sync)."""
-    neg = torch.finfo(score.dtype).min if score.is_floating_point() else -(2**62)
-    order = torch.sort(torch.where(eligible, score, neg), dim=-1, descending=True,
-                       stable=True).indices
+    order = torch.sort(torch.where(eligible, score, lowest(score.dtype)), dim=-1,
+                       descending=True, stable=True).indices
     # ranks as in ``rank_desc``; its push of ineligible entries is moot under ``& eligible``
     return eligible & (torch.argsort(order, dim=-1) < k[:, None])
 
@@ -97,8 +109,7 @@ def topk_mask(score: Tensor, eligible: Tensor, k: Tensor) -> Tensor:
 def top1_mask(score: Tensor, eligible: Tensor) -> Tensor:
     """The single best eligible position of each row that has one (ties -> lowest index, as
     ``topk_mask`` with ``k = 1``; one argmax, no sort)."""
-    neg = torch.finfo(score.dtype).min if score.is_floating_point() else -(2**62)
-    best = torch.where(eligible, score, neg).argmax(-1, keepdim=True)  # first maximum
+    best = torch.where(eligible, score, lowest(score.dtype)).argmax(-1, keepdim=True)  # first max
     return eligible & torch.zeros_like(eligible).scatter_(-1, best, True)
 
 

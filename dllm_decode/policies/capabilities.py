@@ -14,7 +14,10 @@ needs nothing special). The sampler reads them once, when it binds the policy
 (``policy_capabilities``), and nowhere else; unknown names are a ``TypeError`` when the
 ``Capabilities`` is built, and a capability spelled as a plain attribute of the component (the
 pre-``Capabilities`` style, e.g. ``needs_logits = True``) is an error at bind time unless it
-agrees with the declared value. ``bind(model, cfg)`` may resolve the capabilities that
+agrees with the declared value. ``proposal_fields`` says which optional ``Proposal`` fields a
+part reads (``margin``, ``logit_margin``, ``neg_entropy``); the sampler computes only those the
+parts declare, and every field when any part leaves it unset (the default), so a policy that
+declares nothing keeps working unchanged. ``bind(model, cfg)`` may resolve the capabilities that
 depend on the model (ETE's ``lookahead`` is 0 on block-causal models unless ``cross_block``):
 ``generate`` re-reads the declaration of a part that ``bind`` replaced, for the decode loop;
 what ``__init__`` uses (``preferred_cache``, ``requires_attention``) comes from the unbound part.
@@ -26,11 +29,14 @@ import difflib
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
+from dllm_decode.types import OPTIONAL_FIELDS, PROPOSAL_FIELDS, ScoreKind
+
 _CACHES: Final[tuple[str, ...]] = ("none", "prefix", "dual", "block_causal", "window")
 _SCHEDULES: Final[tuple[str, ...]] = ("llada", "dream")
 _ATTENTIONS: Final[tuple[str, ...]] = ("bidirectional", "block_causal")
 #: capabilities a stopper or truncator may declare (the rest describe how a selector selects)
-_ANY_ROLE: Final[frozenset[str]] = frozenset({"full_span", "needs_logits", "requires_attention"})
+_ANY_ROLE: Final[frozenset[str]] = frozenset({"full_span", "needs_logits", "requires_attention",
+                                              "proposal_fields", "reads_masked_only"})
 #: how close a bool attribute's name must be to a capability name to be reported as a typo
 _TYPO_CUTOFF: Final[float] = 0.88
 
@@ -65,6 +71,16 @@ class Capabilities:
         extra_forwards: runs extra model forwards (``state.model.forward``), so NFE may exceed
             the generation length (declarative: read by tests and tools, not the loop).
         stochastic: random even at temperature 0 (declarative, as ``extra_forwards``).
+        proposal_fields: the ``Proposal`` fields the part reads, any of ``types.PROPOSAL_FIELDS``
+            (``ScoreKind`` values work: ``score_fields``); ``tokens``, ``prob`` and ``argmax``
+            are always computed, ``margin``, ``logit_margin`` and ``neg_entropy`` only when a
+            part declares them. ``None`` (the default): every field. Stored as the sorted
+            tuple of the optional fields named.
+        reads_masked_only: the part reads the proposal only at masked positions (eligible
+            ones, or masked ones anywhere in the fed rows). When every part says so, the
+            sampler may score only the masked fed positions (as Dream's reference does):
+            ``StepState.fresh`` then marks those, and the proposal elsewhere is unscored (the
+            canvas token, 0). Default False: every fed position is scored.
     """
 
     budgeted: bool = True
@@ -80,8 +96,12 @@ class Capabilities:
     may_commit_nothing: bool = False
     extra_forwards: bool = False
     stochastic: bool = False
+    proposal_fields: tuple[str, ...] | None = None
+    reads_masked_only: bool = False
 
     def __post_init__(self) -> None:
+        if self.proposal_fields is not None:
+            object.__setattr__(self, "proposal_fields", _check_fields(self.proposal_fields))
         for name, value, valid in (("preferred_cache", self.preferred_cache, _CACHES),
                                    ("preferred_schedule", self.preferred_schedule, _SCHEDULES),
                                    ("requires_attention", self.requires_attention, _ATTENTIONS)):
@@ -96,6 +116,37 @@ class Capabilities:
     def names(cls) -> tuple[str, ...]:
         """Every capability name."""
         return tuple(f.name for f in fields(cls))
+
+
+def _check_fields(names: Any) -> tuple[str, ...]:
+    """``proposal_fields`` as given -> the sorted tuple of optional fields it names."""
+    if isinstance(names, str):
+        raise TypeError(f"Capabilities.proposal_fields must be a tuple of field names, got the "
+                        f"string {names!r} (write ({names!r},))")
+    try:
+        given = [n.value if isinstance(n, ScoreKind) else n for n in names]
+    except TypeError:
+        raise TypeError(f"Capabilities.proposal_fields must be a tuple of field names or None, "
+                        f"got {names!r}") from None
+    bad = [n for n in given if n not in PROPOSAL_FIELDS]
+    if bad:
+        raise ValueError(f"Capabilities.proposal_fields: unknown field(s) {bad}; Proposal fields "
+                         f"are {list(PROPOSAL_FIELDS)}")
+    return tuple(sorted(set(given) & set(OPTIONAL_FIELDS)))
+
+
+def score_fields(*scores: ScoreKind | str | None) -> tuple[str, ...]:
+    """The optional ``Proposal`` fields that ranking by ``scores`` reads (``prob`` and
+    ``random`` read none; ``None`` entries are skipped), for ``proposal_fields``."""
+    out = {ScoreKind(s).value for s in scores if s is not None}
+    return tuple(sorted(out & set(OPTIONAL_FIELDS)))
+
+
+def union_fields(*declared: tuple[str, ...] | None) -> tuple[str, ...] | None:
+    """Combine ``proposal_fields`` declarations: ``None`` (every field) if any is ``None``."""
+    if any(d is None for d in declared):
+        return None
+    return tuple(sorted({f for d in declared for f in d}))  # type: ignore[union-attr]
 
 
 DEFAULT: Final[Capabilities] = Capabilities()
@@ -163,13 +214,17 @@ class PolicyCapabilities:
 
     ``selector`` holds the selector's declaration; ``full_span`` / ``needs_logits`` are true when
     any part asks (a stopper always implies ``full_span``); ``requires_attention`` is the one
-    attention any part requires (``None``: any).
+    attention any part requires (``None``: any); ``proposal_fields`` the optional ``Proposal``
+    fields the present parts read (``None``: every field, when any part does not declare them);
+    ``masked_only`` whether every present part ``reads_masked_only``.
     """
 
     selector: Capabilities
     full_span: bool
     needs_logits: bool
     requires_attention: str | None
+    proposal_fields: tuple[str, ...] | None = None
+    masked_only: bool = False
 
 
 def policy_capabilities(selector: Any, stopper: Any = None,
@@ -183,6 +238,8 @@ def policy_capabilities(selector: Any, stopper: Any = None,
     parts = {"selector": capabilities_of(selector, "selector"),
              "stopper": capabilities_of(stopper, "stopper"),
              "truncator": capabilities_of(truncator, "truncator")}
+    present = [role for role, part in (("selector", selector), ("stopper", stopper),
+                                       ("truncator", truncator)) if part is not None]
     need = {c.requires_attention for c in parts.values()} - {None}
     if len(need) > 1:
         raise ValueError(f"policy parts require different model attentions: {sorted(need)}")
@@ -191,4 +248,6 @@ def policy_capabilities(selector: Any, stopper: Any = None,
         full_span=stopper is not None or any(c.full_span for c in parts.values()),
         needs_logits=any(c.needs_logits for c in parts.values()),
         requires_attention=next(iter(need), None),
+        proposal_fields=union_fields(*(parts[role].proposal_fields for role in present)),
+        masked_only=all(parts[role].reads_masked_only for role in present),
     )

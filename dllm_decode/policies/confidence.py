@@ -36,7 +36,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import random_scores, step_score, topk_mask
-from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
@@ -54,6 +54,11 @@ class TopK:
 
     score: ScoreKind = ScoreKind.PROB
     alg_temp: float | None = None
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Budgeted; reads the proposal field of ``score`` only, at eligible positions."""
+        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -84,6 +89,9 @@ class RandomOrder:
     reference, so seeded runs reproduce it.
     """
 
+    #: no proposal score (tokens and prob at the commits only)
+    capabilities = Capabilities(proposal_fields=(), reads_masked_only=True)
+
     def select(self, state: StepState) -> Tensor:
         return topk_mask(random_scores(state), state.eligible, state.budget)
 
@@ -99,7 +107,8 @@ class Origin:
 
     #: the reveal probability comes from Dream's time grid, whatever the model family
     capabilities = Capabilities(budgeted=False, proposes_after_select=True,
-                                may_commit_nothing=True, preferred_schedule="dream")
+                                may_commit_nothing=True, preferred_schedule="dream",
+                                proposal_fields=(), reads_masked_only=True)
 
     def select(self, state: StepState) -> Tensor:
         if state.times is None:

@@ -99,7 +99,8 @@ class ExploreThenExploit:
     def capabilities(self) -> Capabilities:
         """Adaptive; commits up to ``lookahead`` positions past the block (0 once bound to a
         block-causal model unless ``cross_block=True``: the sampler reads the bound one's)."""
-        return Capabilities(budgeted=False, lookahead=self.lookahead)
+        return Capabilities(budgeted=False, lookahead=self.lookahead,
+                            proposal_fields=("neg_entropy",), reads_masked_only=True)
 
     @staticmethod
     def earliest_block(state: StepState) -> Tensor:

@@ -28,7 +28,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, step_score, topk_mask
-from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
@@ -80,7 +80,8 @@ class KLASS:
     kl_threshold: float = 0.01
     history: int = 2
     unmask_strategy: str = "all"
-    capabilities = Capabilities(needs_logits=True, full_span=True)
+    capabilities = Capabilities(needs_logits=True, full_span=True, proposal_fields=(),
+                                reads_masked_only=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "KLASS")
@@ -186,6 +187,12 @@ class CCD:
     warm_up: int = 5
     seek_mode: bool = True
     score: ScoreKind = ScoreKind.NEG_ENTROPY
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Budgeted; reads the proposal field of ``score`` (and the greedy token) at masked
+        positions."""
+        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))

@@ -53,7 +53,7 @@ from torch import Tensor, nn
 
 from dllm_decode.policies.base import bind_of, step_score, topk_mask
 from dllm_decode.policies.capabilities import NAMES as CAPABILITY_NAMES
-from dllm_decode.policies.capabilities import Capabilities, capabilities_of
+from dllm_decode.policies.capabilities import Capabilities, capabilities_of, score_fields
 from dllm_decode.policies.confidence import TopK
 from dllm_decode.policies.learn2pd_filter import (
     DEFAULT_ACCEPT_THRES,
@@ -149,8 +149,13 @@ class Learn2PD:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Budgeted; ``full_span`` as configured (EoTP's EOS scan)."""
-        return Capabilities(full_span=self.full_span)
+        """Budgeted; ``full_span`` as configured (EoTP's EOS scan); reads the feature's and
+        the fallback score's proposal fields."""
+        feature = ("neg_entropy",) if self.feature == "dream_negent_masked" else ()
+        return Capabilities(full_span=self.full_span,
+                            proposal_fields=(*feature, *score_fields(self.fallback)),
+                            # llada_prob_all reads committed positions of the window too
+                            reads_masked_only=self.feature == "dream_negent_masked")
 
     def __post_init__(self) -> None:
         if self.feature not in FEATURES:
@@ -255,7 +260,8 @@ class EoTP:
     """
 
     eos_token_ids: tuple[int, ...] | None = None
-    capabilities = Capabilities(full_span=True)
+    #: tokens and prob of masked positions only
+    capabilities = Capabilities(full_span=True, proposal_fields=(), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         if self.eos_token_ids is not None:

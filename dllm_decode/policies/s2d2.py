@@ -30,7 +30,12 @@ from torch import Tensor
 
 from dllm_decode.policies.adaptive import EntropyBounded
 from dllm_decode.policies.base import step_score, topk_mask
-from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.capabilities import (
+    Capabilities,
+    capabilities_of,
+    score_fields,
+    union_fields,
+)
 from dllm_decode.policies.confidence import TopK
 from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
@@ -45,7 +50,12 @@ class DynamicThreshold:
 
     tau: float = 0.85
     score: ScoreKind = ScoreKind.PROB
-    capabilities = Capabilities(preferred_schedule="llada")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """SDAR's even budget split; reads the proposal field of ``score`` only."""
+        return Capabilities(preferred_schedule="llada", proposal_fields=score_fields(self.score),
+                            reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -74,6 +84,14 @@ class BudgetCapped:
 
     inner: Any
     score: ScoreKind = ScoreKind.NEG_ENTROPY
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Budgeted; reads the inner selector's proposal fields and ``score``'s."""
+        inner = capabilities_of(self.inner)
+        return Capabilities(proposal_fields=union_fields(inner.proposal_fields,
+                                                         score_fields(self.score)),
+                            reads_masked_only=inner.reads_masked_only)
 
     def select(self, state: StepState) -> Tensor:
         chosen = self.inner.select(state)

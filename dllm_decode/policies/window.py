@@ -30,7 +30,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import step_score, topk_mask
-from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.registry import Policy, register
 from dllm_decode.types import ScoreKind, StepState
 
@@ -42,7 +42,12 @@ class WindowTopK:
     less than scheduled)."""
 
     score: ScoreKind = ScoreKind.PROB
-    capabilities = Capabilities(preferred_cache="window", requires_attention="bidirectional")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The window planner, bidirectional models; reads ``score``'s proposal field."""
+        return Capabilities(preferred_cache="window", requires_attention="bidirectional",
+                            proposal_fields=score_fields(self.score), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -61,7 +66,12 @@ class WindowDream:
 
     score: ScoreKind = ScoreKind.NEG_ENTROPY
     early_stop: bool = False
-    capabilities = Capabilities(preferred_cache="window", requires_attention="bidirectional")
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """The window planner, bidirectional models; reads ``score``'s proposal field."""
+        return Capabilities(preferred_cache="window", requires_attention="bidirectional",
+                            proposal_fields=score_fields(self.score), reads_masked_only=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -88,6 +98,9 @@ class WindowDream:
 class EosCut:
     """Truncator: cut each row right after its first EOS (generation region), as Window-
     Diffusion's Dream ``early_stop`` does; rows without EOS keep their length."""
+
+    #: the proposal's tokens at the commits only
+    capabilities = Capabilities(proposal_fields=(), reads_masked_only=True)
 
     def truncate(self, state: StepState, commit: Tensor) -> Tensor:
         model = state.model

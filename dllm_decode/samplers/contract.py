@@ -4,7 +4,9 @@ What ``DiffusionSampler.generate`` guarantees, and how each part is checked:
 
 * **finite logits**: a step whose scored positions have a non-finite probability or entropy
   (NaN or +inf anywhere in a position's logits, or every logit -inf) raises
-  ``NonFiniteLogitsError`` naming the step and the rows;
+  ``NonFiniteLogitsError`` naming the step and the rows (when no policy part reads the
+  entropy it is not computed, and the log-sum-exp of the logits, finite exactly when the
+  entropy is, is checked instead);
 * **commits are eligible**: a selector that commits a position that is not eligible (a prompt
   token, an already committed one, a position outside the block) raises ``PolicyContractError``;
 * **progress**: a selector that commits nothing in a row that had eligible positions (and a
@@ -21,7 +23,9 @@ What ``DiffusionSampler.generate`` guarantees, and how each part is checked:
 Sync behaviour: the per-step checks only update small ``[B]`` device tensors; ``flag()`` is a
 0-d tensor the sampler folds into the one host sync each step already makes, so a violation is
 reported at the next step's sync (``raise_if``), and ``finish`` makes the one sync after the
-loop. Normal decodes take no extra sync and are token-for-token unchanged.
+loop. Normal decodes take no extra sync and are token-for-token unchanged. Since a violation
+raises at the very next sync, only the last observed step's record is kept: it is the first
+violating step.
 """
 
 from __future__ import annotations
@@ -68,10 +72,10 @@ class StepGuard:
                  exempt_stall: bool = False) -> None:
         self.policy = policy
         self.exempt_stall = exempt_stall
-        # [3, B] first step of each violation per row (-1: none), updated by one op per step:
-        # non-finite scores, an ineligible commit, the step the row was declared stalled
-        self._at = torch.full((3, batch), -1, dtype=torch.long, device=device)
-        self.nonfinite_at, self.ineligible_at, self.stalled_at = self._at.unbind(0)
+        # [3, B] the last observed step's violations per row (one stack per step): non-finite
+        # scores, an ineligible commit, a stalled row; ``_step`` is that step
+        self._now = torch.zeros((3, batch), dtype=torch.bool, device=device)
+        self._step = -1
         self.idle = torch.zeros(batch, dtype=torch.long, device=device)  # steps w/o commits
         self._block = torch.zeros(2, batch, dtype=torch.bool, device=device)  # one reset
         self.block_expected, self.block_did = self._block.unbind(0)
@@ -108,12 +112,17 @@ class StepGuard:
                 block and never did is stalled, however few steps the block had.
             expected: ``eligible.any(1)`` if the caller has it (saves the reduction).
         """
-        # prob and entropy are both finite iff their sum is (|prob| <= 1, |H| <= log V)
-        ok = torch.isfinite(prop.prob + prop.neg_entropy)
+        # prob and entropy are both finite iff their sum is (|prob| <= 1, |H| <= log V); when
+        # the entropy was not computed, the LSE stands in: it is finite iff the entropy is
+        # (a NaN or +inf logit, or every logit -inf, make both non-finite)
+        check = prop.get("neg_entropy")
+        if check is None:
+            check = prop.lse
+        ok = torch.isfinite(prop.prob if check is None else prop.prob + check)
         if live is not None:
             ok |= ~live
         nonfinite = ~ok.all(1)
-        ineligible = (commit & ~eligible).any(1)
+        ineligible = (commit > eligible).any(1)  # commit & ~eligible, one op
         if self.exempt_stall:
             self._first(torch.stack([nonfinite, ineligible, torch.zeros_like(nonfinite)]), step)
             return
@@ -131,38 +140,38 @@ class StepGuard:
         self._first(torch.stack([nonfinite, ineligible, stalled]), step)
 
     def _first(self, now: Tensor, step: int) -> None:
-        """Record ``step`` where ``now [3, B]`` is set and nothing was recorded yet (in place,
-        so the ``*_at`` views follow)."""
-        self._at.masked_fill_(now & (self._at < 0), step)
+        """Keep ``now [3, B]`` as step ``step``'s record. Nothing was recorded before: a
+        violation raises at the next step's sync (``raise_if``), before the next ``observe``,
+        so a recorded step is the first violating one."""
+        self._now, self._step = now, step
 
     def flag(self) -> Tensor:
-        """0-d int64: the latest first-violation step of any row, -1 if there is none (fold
-        into the step's sync; ``raise_if`` takes its value)."""
-        return self._at.max()
+        """0-d int64: how many violations the last observed step recorded (fold into the
+        step's sync; ``raise_if`` takes its value)."""
+        return self._now.sum()
 
     # ---- host side --------------------------------------------------------------------------
     def raise_if(self, n_bad: int) -> None:
-        """``n_bad``: the synced ``flag()``; if >= 0, sync the details and raise."""
-        if n_bad < 0:
+        """``n_bad``: the synced ``flag()``; if > 0, sync the details and raise."""
+        if n_bad <= 0:
             return
-        nonfinite = _rows(self.nonfinite_at)
+        nonfinite, ineligible, stalled = (_rows(now) for now in self._now)
+        step = self._step
         if nonfinite:
             raise NonFiniteLogitsError(
                 f"the model returned non-finite logits (NaN, +inf, or all -inf at a position) "
-                f"at step {_first_step(self.nonfinite_at)} in rows {nonfinite}; check the "
+                f"at step {step} in rows {nonfinite}; check the "
                 f"checkpoint (load_model(..., check_finite=True)), the dtype (fp16 overflow) "
                 f"and any logits processing")
-        ineligible = _rows(self.ineligible_at)
         if ineligible:
             raise PolicyContractError(
                 f"policy {self.policy!r} committed positions that were not eligible (not masked "
-                f"or outside the block) at step {_first_step(self.ineligible_at)} in rows "
+                f"or outside the block) at step {step} in rows "
                 f"{ineligible}; select() must return a subset of state.eligible")
-        stalled = _rows(self.stalled_at)
         if stalled:
             raise StalledPolicyError(
                 f"policy {self.policy!r} committed nothing for a whole block's worth of steps "
-                f"(until step {_first_step(self.stalled_at)}) in rows {stalled} although they "
+                f"(until step {step}) in rows {stalled} although they "
                 f"had eligible positions; select() must commit at least one eligible position "
                 f"per row when the budget is > 0 (declare capabilities = Capabilities("
                 f"may_commit_nothing=True) for random "
@@ -196,9 +205,5 @@ def force_block_end(commit: Tensor, eligible: Tensor, block: tuple[int, int]) ->
     return commit | (eligible & ((pos >= block[0]) & (pos < block[1]))[None])
 
 
-def _rows(at: Tensor) -> list[int]:
-    return (at >= 0).nonzero().flatten().tolist()
-
-
-def _first_step(at: Tensor) -> int:
-    return int(at[at >= 0].min())
+def _rows(now: Tensor) -> list[int]:
+    return now.nonzero().flatten().tolist()

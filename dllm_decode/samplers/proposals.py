@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
@@ -11,8 +12,13 @@ from torch import Tensor
 from dllm_decode import kernels
 from dllm_decode.cache.plans import Fed
 from dllm_decode.config import SamplerConfig
+from dllm_decode.kernels import reference
 from dllm_decode.kernels.reference import filter_logits
-from dllm_decode.types import Proposal
+from dllm_decode.types import OPTIONAL_FIELDS, Impl, Proposal
+
+#: score only the masked rows when that skips at least this many logits (rows x V): below it the
+#: gather / scatter ops cost more than the full-vocabulary passes they save
+MASKED_ROWS_MIN_SAVED = 16384
 
 
 class ProposalMaker:
@@ -29,6 +35,13 @@ class ProposalMaker:
         self.cfg = cfg
         self.generator = generator
         self.after_select = False
+        #: the optional ``Proposal`` fields to compute (``None``: all; the sampler sets the
+        #: ones the policy's parts declare, ``PolicyCapabilities.proposal_fields``)
+        self.fields: tuple[str, ...] | None = None
+        #: the sampler sets it when every part reads the proposal only at masked positions
+        #: (``Capabilities.reads_masked_only``) and the proposal is greedy torch reference
+        #: work on the CPU: ``masked_rows`` may then pick the masked rows alone
+        self.masked_only = False
         #: the kernel implementation, resolved once here (not inside a compiled step)
         self.impl = kernels.resolve_impl(cfg.impl, generator.device)
         self.mask_id = model.mask_token_id
@@ -39,6 +52,10 @@ class ProposalMaker:
         self.eot = getattr(spec, "eot_token_id", None)
         if (cfg.logits_eos_inf or cfg.confidence_eos_eot_inf) and self.eos is None:
             raise ValueError("the EOS options need a model with an EOS token id")
+        # vocabulary columns every proposal removes: the mask token (a committed MASK would
+        # stay masked forever) and, with ``logits_eos_inf``, EOS (one ``index_fill_``)
+        self._removed = torch.tensor([self.mask_id, self.eos] if cfg.logits_eos_inf
+                                     else [self.mask_id], device=generator.device)
 
     def propose(self, logits: Tensor, fed: Fed, rows: Tensor, masked: Tensor,
                 n_masked: int) -> Proposal:
@@ -47,19 +64,67 @@ class ProposalMaker:
         Edits ``logits`` in place (the mask token and, if asked, EOS become -inf).
         """
         cfg = self.cfg
-        # the mask token is never a proposal (a committed MASK would stay masked forever)
-        logits.select(-1, self.mask_id).fill_(-torch.inf)
-        if cfg.logits_eos_inf:
-            logits.select(-1, self.eos).fill_(-torch.inf)
+        self._edit(logits)
         noise = None
         if cfg.temperature > 0 and cfg.rng == "reference":
             noise = self._reference_noise(logits, fed, rows, masked, n_masked)
-        prop = kernels.propose(logits, temperature=cfg.temperature, sampling=self.sampling,
-                               top_p=cfg.top_p, top_k=cfg.top_k, noise=noise,
-                               generator=self.generator, impl=self.impl)
+        # the torch reference directly when that is the resolved impl (no dispatch per step)
+        propose = reference.propose if self.impl is Impl.REFERENCE else functools.partial(
+            kernels.propose, impl=self.impl)
+        prop = propose(logits, temperature=cfg.temperature, sampling=self.sampling,
+                       top_p=cfg.top_p, top_k=cfg.top_k, noise=noise, generator=self.generator,
+                       fields=self.fields)
         if cfg.confidence_eos_eot_inf and self.sampling == "gumbel":
             prop = self._demote_eos(logits, prop)
         return prop
+
+    def _edit(self, logits: Tensor) -> None:
+        removed = self._removed
+        if removed.device != logits.device:
+            removed = removed.to(logits.device)
+        logits.index_fill_(-1, removed, -torch.inf)
+
+    def masked_rows(self, logits: Tensor, fed: Fed, live: Tensor | None, masked: Tensor,
+                    count: int | None = None) -> tuple[Tensor, Tensor] | None:
+        """The masked rows to score instead of every fed row, or ``None`` (score them all).
+
+        Only when ``masked_only`` is set, the rows are a contiguous span and skipping the
+        unmasked ones saves at least ``MASKED_ROWS_MIN_SAVED`` logits (Dream's reference
+        scores only its masked rows too). CPU only: the row count is data dependent (a
+        ``nonzero``, no device sync on the CPU), and per-row reductions there give the same
+        bits on any number of rows.
+
+        Args:
+            count: the number of masked fed positions if the host knows it (skips counting
+                them when too few rows would be skipped).
+
+        Returns: ``(rows, flat)``: ``[K]`` indices into the flattened ``[B * R]`` fed rows and
+        the same positions as indices into the flattened ``[B, L]`` canvas.
+        """
+        if not self.masked_only or fed.span is None or live is not None or \
+                logits.device.type != "cpu":
+            return None
+        b, r, v = logits.shape
+        if (b * r - (count or 0)) * v < MASKED_ROWS_MIN_SAVED:
+            return None
+        lo, hi = fed.span
+        rows = masked[:, lo:hi].reshape(-1).nonzero().squeeze(1)
+        k = rows.shape[0]
+        if k == 0 or (b * r - k) * v < MASKED_ROWS_MIN_SAVED:
+            return None
+        length = masked.shape[1]
+        flat = rows + lo if b == 1 else rows + (rows // r) * (length - r) + lo
+        return rows, flat
+
+    def propose_rows(self, logits: Tensor, rows: Tensor) -> Proposal:
+        """Greedy proposal ``[K]`` for the ``rows`` (``masked_rows``) of logits ``[B, R, V]``,
+        which get ``propose``'s in-place edits (``StepState.logits`` sees them)."""
+        cfg = self.cfg
+        self._edit(logits)
+        b, r, v = logits.shape
+        sub = logits.reshape(b * r, v).index_select(0, rows)
+        return reference.propose(sub, temperature=0.0, sampling=self.sampling, top_p=cfg.top_p,
+                                 top_k=cfg.top_k, fields=self.fields)
 
     def distribution(self, logits: Tensor) -> Tensor:
         """``[..., V]`` logits -> the float32 distribution proposals are sampled from.
@@ -118,8 +183,8 @@ class ProposalMaker:
         z = logits.double().clone()
         z[..., ids] = -torch.inf
         prob = torch.softmax(z, dim=-1).gather(-1, prop.tokens[..., None])[..., 0]
-        return Proposal(prop.tokens, prob, prop.margin, prop.logit_margin, prop.neg_entropy,
-                        prop.argmax)
+        return Proposal(prop.tokens, prob, prop.get("margin"), prop.get("logit_margin"),
+                        prop.get("neg_entropy"), prop.argmax, prop.lse)
 
     def resample_committed(self, logits: Tensor, rows: Tensor, commit: Tensor,
                            tokens: Tensor) -> Tensor:
@@ -172,30 +237,52 @@ def widen(prop: Proposal, canvas: Tensor, rows: Tensor, live: Tensor | None = No
 
     ``rows`` is ``[R]`` (shared) or ``[B, R]`` (per row, see ``take``); ``live [B, R]``
     selects the entries written (``None``: all). ``span=(lo, hi)`` says ``rows`` is
-    ``arange(lo, hi)``: the four float fields are then zero-padded to the canvas in one op,
-    and the tokens placed with one select against ``span_mask`` (``[B, L]`` bool, True on
-    the span; a few ops instead of a scatter per field).
+    ``arange(lo, hi)``: the float fields are then zero-padded to the canvas in one op, and
+    the tokens placed with one select against ``span_mask`` (``[B, L]`` bool, True on the
+    span; a few ops instead of a scatter per field). Fields absent from ``prop`` (not
+    computed) stay absent.
     """
-    floats = (prop.prob, prop.margin, prop.logit_margin, prop.neg_entropy)
-    if span is not None and live is None and all(f.dtype == prop.prob.dtype for f in floats):
+    names = [n for n in OPTIONAL_FIELDS if prop.get(n) is not None]
+    dtype = prop.prob.dtype
+    if span is not None and live is None and all(prop.get(n).dtype == dtype for n in names):
         lo, hi = span
-        pad = (lo, canvas.shape[1] - hi)  # zero-pad [.., R] to the canvas [.., L]
-        prob, margin, logit_margin, neg_entropy = F.pad(torch.stack(floats), pad).unbind(0)
+        pad = (lo, canvas.shape[1] - hi)  # zero-pad [.., R] to the canvas [.., L] (F.pad's op)
+        if names:  # one pad for every float field
+            prob, *wide = torch.constant_pad_nd(
+                torch.stack([prop.prob, *(prop.get(n) for n in names)]), pad).unbind(0)
+        else:
+            prob, wide = torch.constant_pad_nd(prop.prob, pad), []
 
         def tok(x: Tensor) -> Tensor:
             if span_mask is not None:
-                return torch.where(span_mask, F.pad(x, pad), canvas)
+                return torch.where(span_mask, torch.constant_pad_nd(x, pad), canvas)
             return torch.cat([canvas[:, :lo], x, canvas[:, hi:]], dim=1)
 
-        return Proposal(tokens=tok(prop.tokens), prob=prob, margin=margin,
-                        logit_margin=logit_margin, neg_entropy=neg_entropy,
-                        argmax=None if prop.argmax is None else tok(prop.argmax))
+        tokens = tok(prop.tokens)
+        argmax = None if prop.argmax is None else tok(prop.argmax)
+    else:
+        zeros = torch.zeros(canvas.shape, dtype=dtype, device=canvas.device)
+        prob = put(zeros, rows, prop.prob, live)
+        wide = [put(zeros, rows, prop.get(n), live) for n in names]
+        tokens = put(canvas, rows, prop.tokens, live)
+        argmax = None if prop.argmax is None else put(canvas, rows, prop.argmax, live)
+    fields = dict(zip(names, wide, strict=True))
+    return Proposal(tokens, prob, fields.get("margin"), fields.get("logit_margin"),
+                    fields.get("neg_entropy"), argmax)
 
-    def put_(x: Tensor, base: Tensor) -> Tensor:
-        return put(base, rows, x, live)
 
-    zeros = torch.zeros(canvas.shape, dtype=prop.prob.dtype, device=canvas.device)
-    return Proposal(tokens=put_(prop.tokens, canvas), prob=put_(prop.prob, zeros),
-                    margin=put_(prop.margin, zeros), logit_margin=put_(prop.logit_margin, zeros),
-                    neg_entropy=put_(prop.neg_entropy, zeros),
-                    argmax=None if prop.argmax is None else put_(prop.argmax, canvas))
+def widen_at(prop: Proposal, canvas: Tensor, flat: Tensor) -> Proposal:
+    """A ``[K]`` proposal at the flattened canvas positions ``flat`` -> ``[B, L]`` (elsewhere:
+    the canvas token and 0); its LSE is widened too, 0 elsewhere (the contract checks the
+    widened proposal)."""
+    b, length = canvas.shape
+    names = [n for n in OPTIONAL_FIELDS if prop.get(n) is not None]
+    lse = prop.prob if prop.lse is None else prop.lse
+    floats = torch.stack([prop.prob, lse, *(prop.get(n) for n in names)])  # [F, K]
+    wide = floats.new_zeros(floats.shape[0], b * length).index_copy_(1, flat, floats)
+    prob, lse, *rest = wide.view(-1, b, length).unbind(0)
+    fields = dict(zip(names, rest, strict=True))
+    tokens = canvas.reshape(-1).index_copy(0, flat, prop.tokens).view(b, length)
+    return Proposal(tokens, prob, fields.get("margin"), fields.get("logit_margin"),
+                    fields.get("neg_entropy"), None if prop.argmax is None else
+                    canvas.reshape(-1).index_copy(0, flat, prop.argmax).view(b, length), lse)

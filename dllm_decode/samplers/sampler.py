@@ -9,7 +9,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import ForwardPlan, make_plan
+from dllm_decode.cache.plans import make_plan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.base import check_commit, init_memory_of
 from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
@@ -22,6 +22,7 @@ from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker
 from dllm_decode.samplers.step import (
     SpanMasks,
+    StepModelView,
     StepParts,
     bits_per_step,
     compile_step,
@@ -45,8 +46,10 @@ class DiffusionSampler:
     3. **forward**: the cache plan feeds the positions this mode recomputes (full canvas,
        block + suffix, block only, block-causal span, or per-row window sets); CFG doubles
        the batch;
-    4. **propose**: one fused pass over V gives per-position token, probability, margins and
-       entropy (``kernels.propose``); logits are dropped after this unless a policy asks;
+    4. **propose**: per-position token and probability, plus the margins / entropy the policy
+       declares it reads (``Capabilities.proposal_fields``; all of them by default), in one
+       fused pass over V on a GPU (``kernels.propose``); logits are dropped after this unless
+       a policy asks;
     5. **select**: the policy turns the ``StepState`` into a commit mask (subset of eligible);
     6. **stop / truncate**: optional stopper (commit everything at its argmax) and truncator
        (EoTP: shorten the row, crop visible keys);
@@ -175,6 +178,15 @@ class DiffusionSampler:
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
+        # only the proposal fields the parts read (every field for parts that do not declare
+        # them, and for an ``on_step`` callback, which may read anything)
+        maker.fields = caps.proposal_fields if on_step is None else None
+        # masked-only parts: greedy reference proposals may skip the unmasked rows (on the CPU,
+        # eager; ``ProposalMaker.masked_rows``)
+        maker.masked_only = (caps.masked_only and on_step is None and not self.compile
+                             and maker.impl is Impl.REFERENCE and cfg.temperature == 0
+                             and not cfg.confidence_eos_eot_inf
+                             and not sel_caps.proposes_after_select)
         guard = StepGuard(b, device, policy.name, exempt_stall=sel_caps.may_commit_nothing)
         if self.compile:  # the compiler fuses the torch reference itself
             maker.impl = Impl.REFERENCE
@@ -209,6 +221,7 @@ class DiffusionSampler:
             steps_per_block = block_steps[blk] if block_steps else None
             n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
+            fractions = None if times is None else sch.dream_fractions(times)
             budgets = None  # LLaDA: the block's whole budget schedule [B, S], once per block
             if steps_per_block and schedule != "dream":
                 budgets = sch.llada_budgets((canvas[:, bs:be] == mask_id).sum(1), n_iter)
@@ -250,9 +263,9 @@ class DiffusionSampler:
                 if budgets is not None:
                     budget = budgets[:, i]
                 elif steps_per_block:
-                    budget = sch.dream_budget(masked, times, i, n_iter)
+                    budget = sch.dream_budget(masked, times, i, n_iter, fractions)
                 active = eligible.any(1)
-                step_model = _StepModel(model, plan, maker, model_canvas, nfe, active, b,
+                step_model = StepModelView(model, plan, maker, model_canvas, nfe, active, b,
                                         enabled=not cfg_on)
                 info = dict(
                     step=step, block=blk, block_start=bs, block_end=be, gen_start=p,
@@ -266,7 +279,11 @@ class DiffusionSampler:
                     model=step_model, refreshed=spans.flag(fed.refresh)
                     if fed.refreshed is None else fed.refreshed[:b])
                 # the contract's per-step inputs (samplers.contract; see post_forward)
-                ctl = dict(n_masked=n_masked, active=active, last=i == n_iter - 1,
+                # masked fed rows, known on the host when the rows end with the block (no mask
+                # before it): lets the proposal skip counting them (``masked_rows``)
+                in_rows = n_left if reach == be and not full_span and lo == p else None
+                ctl = dict(n_masked=n_masked, in_rows=in_rows, active=active,
+                           last=i == n_iter - 1,
                            stall_limit=min(n_iter, be - bs),
                            force_end=spans.get(bs, be) if i == n_iter - 1 and lo == p else None)
                 out = run_step(parts, fed, logits, rows, live, canvas, masked, fresh, eligible,
@@ -352,42 +369,6 @@ class DiffusionSampler:
 def _bind(component: Any, model: Any, cfg: SamplerConfig) -> Any:
     bind = getattr(component, "bind", None)
     return component if bind is None else bind(model, cfg)
-
-
-class _StepModel:
-    """``types.StepModel`` for one step: extra forwards against the plan, counted in NFE."""
-
-    def __init__(self, model: Any, plan: ForwardPlan, maker: ProposalMaker, canvas: Tensor,
-                 nfe: Tensor, default_active: Tensor, batch: int, *, enabled: bool) -> None:
-        self.mask_token_id = model.mask_token_id
-        self.eos_token_ids = tuple(model.eos_token_ids or ())
-        self.block_size = getattr(model, "block_size", None)
-        self.calls = 0
-        self._plan, self._maker, self._canvas, self._batch = plan, maker, canvas, batch
-        self._nfe, self._active, self._enabled = nfe, default_active, enabled
-
-    @property
-    def positions(self) -> Tensor:
-        """``[B, L]`` RoPE positions (sliced on use: most steps never ask)."""
-        return self._plan.positions[:self._batch]
-
-    @property
-    def valid(self) -> Tensor:
-        """``[B, L]`` key validity."""
-        return self._plan.valid[:self._batch]
-
-    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor,
-                active: Tensor | None = None) -> Tensor:
-        if not self._enabled:
-            raise ValueError("extra forwards (e.g. S2D2 verification) do not support "
-                             "cfg_scale > 0")
-        logits = self._plan.extra_forward(self._canvas, tokens, positions, mask)
-        self.calls += 1
-        self._nfe += (self._active if active is None else active).long()
-        return logits
-
-    def probs(self, logits: Tensor) -> Tensor:
-        return self._maker.distribution(logits)
 
 
 def _fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,

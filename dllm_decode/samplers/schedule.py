@@ -46,17 +46,26 @@ def dream_times(steps: int, eps: float, device: torch.device | str = "cpu") -> T
     return torch.linspace(1, eps, steps + 1, device=device)
 
 
-def dream_budget(masked: Tensor, times: Tensor, step: int, steps: int) -> Tensor:
+def dream_fractions(times: Tensor) -> Tensor:
+    """``[S]`` float32 ``1 - t[i+1] / t[i]`` of a time grid ``[S + 1]``: the fraction of the
+    masked positions each step commits (computed once per block; the same values step by
+    step)."""
+    return 1 - times[1:] / times[:-1]
+
+
+def dream_budget(masked: Tensor, times: Tensor, step: int, steps: int,
+                 fractions: Tensor | None = None) -> Tensor:
     """``[B]`` commits at ``step``: ``int(n_masked * (1 - s/t))``, everything at the end.
 
-    ``masked`` is the ``[B, L]`` mask of masked positions. The reference uses the batch-mean
-    count for every row; here each row uses its own count, which is identical whenever rows
-    have equal counts (always, in the reference's use) and keeps rows independent once they
-    diverge (per-row stops, truncation), so no row ends its last step with masks left.
+    ``masked`` is the ``[B, L]`` mask of masked positions; ``fractions`` the block's
+    ``dream_fractions(times)`` if the caller keeps them (else computed for this step). The
+    reference uses the batch-mean count for every row; here each row uses its own count, which
+    is identical whenever rows have equal counts (always, in the reference's use) and keeps
+    rows independent once they diverge (per-row stops, truncation), so no row ends its last
+    step with masks left.
     """
-    n_masked = masked.sum(1).float()
+    n_masked = masked.sum(1, dtype=torch.float32)  # exact counts (< 2**24)
     if step < steps - 1:
-        n = n_masked * (1 - times[step + 1] / times[step])
-    else:
-        n = n_masked
-    return torch.floor(n).long()
+        frac = 1 - times[step + 1] / times[step] if fractions is None else fractions[step]
+        n_masked = n_masked * frac
+    return n_masked.long()  # floor: the count is >= 0

@@ -43,7 +43,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.base import init_memory_of
-from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.capabilities import Capabilities, capabilities_of
 from dllm_decode.policies.s2d2 import (  # noqa: F401  (routers re-exported here)
     Always,
     BanditMemory,
@@ -261,7 +261,8 @@ class SelfSpeculative:
         return Capabilities(needs_logits=True, preferred_cache="block_causal",
                             preferred_schedule="llada", causal_prefix=self.causal_prefix,
                             draft_causal=self.draft_causal, requires_attention="block_causal",
-                            extra_forwards=True, stochastic=True)
+                            extra_forwards=True, stochastic=True,
+                            proposal_fields=capabilities_of(self.base).proposal_fields)
 
     def __post_init__(self) -> None:
         if self.base is None:

@@ -20,9 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import Fed
+from dllm_decode.cache.plans import Fed, ForwardPlan
 from dllm_decode.samplers.contract import StepGuard
-from dllm_decode.samplers.proposals import ProposalMaker, widen
+from dllm_decode.samplers.proposals import ProposalMaker, widen, widen_at
 from dllm_decode.types import Selection, StepState
 
 
@@ -76,15 +76,23 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
         commit_at: ``[B, L]`` int64 step of each commit (-1: none), written in place.
         commit_prob: ``[B, L]`` float64 probability each position was committed with.
         info: the remaining ``StepState`` fields (``step``, ``block``, ... ``model``).
-        ctl: ``n_masked`` (int, masked positions of the batch), ``active`` (``[B]`` rows
-            with an eligible position), and the contract's inputs:
+        ctl: ``n_masked`` (int, masked positions of the batch), ``in_rows`` (int masked
+            positions of the fed rows when the host knows it, else ``None``), ``active``
+            (``[B]`` rows with an eligible position), and the contract's inputs:
             ``last`` (the block's last step), ``stall_limit`` (a block's worth of steps),
             ``force_end`` (``[B, L]`` bool block mask on a last step that commits every
             eligible position left, else ``None``).
     """
     maker = parts.maker
-    prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"])
-    full_prop = widen(prop, canvas, rows, live, span=fed.span, span_mask=fresh)
+    masked_rows = maker.masked_rows(logits, fed, live, masked, ctl.get("in_rows"))
+    if masked_rows is None:
+        prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"])
+        full_prop = widen(prop, canvas, rows, live, span=fed.span, span_mask=fresh)
+        checked, checked_live = prop, live
+    else:  # masked-only policies: the masked rows alone are scored (and fresh)
+        full_prop = widen_at(maker.propose_rows(logits, masked_rows[0]), canvas, masked_rows[1])
+        fresh = masked & fresh
+        checked, checked_live = full_prop, None
     state = StepState(proposal=full_prop, eligible=eligible, masked=masked, fresh=fresh,
                       canvas=canvas, budget=budget, rows=rows,
                       logits=logits if parts.needs_logits else None,
@@ -94,8 +102,8 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     commit = sel.commit
     guard = parts.guard
     guard.check_shape(commit, eligible)
-    guard.observe(info["step"], prop, live, eligible, budget, commit, ctl["stall_limit"],
-                  last=ctl["last"], expected=ctl["active"])
+    guard.observe(info["step"], checked, checked_live, eligible, budget, commit,
+                  ctl["stall_limit"], last=ctl["last"], expected=ctl["active"])
     if ctl["force_end"] is not None:  # force_block_end (prompt masks: LLaDA's carry-over)
         commit = commit | (eligible & ctl["force_end"])
     selected = commit
@@ -156,6 +164,42 @@ class SpanMasks:
         if out is None:
             out = self._flags[value] = torch.full((self.batch,), value, device=self.device)
         return out
+
+
+class StepModelView:
+    """``types.StepModel`` for one step: extra forwards against the plan, counted in NFE."""
+
+    def __init__(self, model: Any, plan: ForwardPlan, maker: ProposalMaker, canvas: Tensor,
+                 nfe: Tensor, default_active: Tensor, batch: int, *, enabled: bool) -> None:
+        self.mask_token_id = model.mask_token_id
+        self.eos_token_ids = tuple(model.eos_token_ids or ())
+        self.block_size = getattr(model, "block_size", None)
+        self.calls = 0
+        self._plan, self._maker, self._canvas, self._batch = plan, maker, canvas, batch
+        self._nfe, self._active, self._enabled = nfe, default_active, enabled
+
+    @property
+    def positions(self) -> Tensor:
+        """``[B, L]`` RoPE positions (sliced on use: most steps never ask)."""
+        return self._plan.positions[:self._batch]
+
+    @property
+    def valid(self) -> Tensor:
+        """``[B, L]`` key validity."""
+        return self._plan.valid[:self._batch]
+
+    def forward(self, tokens: Tensor, positions: Tensor, mask: Tensor,
+                active: Tensor | None = None) -> Tensor:
+        if not self._enabled:
+            raise ValueError("extra forwards (e.g. S2D2 verification) do not support "
+                             "cfg_scale > 0")
+        logits = self._plan.extra_forward(self._canvas, tokens, positions, mask)
+        self.calls += 1
+        self._nfe += (self._active if active is None else active).long()
+        return logits
+
+    def probs(self, logits: Tensor) -> Tensor:
+        return self._maker.distribution(logits)
 
 
 def bits_per_step(commit_at: Tensor, commit_prob: Tensor, steps: int, chunk: int = 64) -> Tensor:

@@ -88,6 +88,18 @@ def test_propose_greedy_matches_reference(device):
                                    rtol=1e-5, msg=field)
 
 
+@pytest.mark.parametrize("fields", [(), ("margin",), ("logit_margin", "neg_entropy")])
+def test_propose_returns_the_asked_fields_on_both_paths(fields, device):
+    logits = special_logits(12, 1000, torch.float16, seed=8).view(2, 6, 1000).to(device)
+    got = kernels.propose(logits, temperature=0.0, impl="triton", fields=fields)
+    want = reference.propose(logits, temperature=0.0, fields=fields)
+    assert torch.equal(got.tokens, want.tokens) and got.lse is not None
+    for field in ("margin", "logit_margin", "neg_entropy"):
+        assert got.has(field) == want.has(field) == (field in fields), field
+        if field in fields:
+            torch.testing.assert_close(got.get(field), want.get(field), atol=1e-4, rtol=1e-5)
+
+
 @pytest.mark.parametrize("temperature", [0.5, 1.3])
 def test_propose_gumbel_with_noise_is_exact(temperature, device):
     logits = (torch.randn(2, 3, 5003, generator=torch.Generator().manual_seed(1)) * 2).to(device)
