@@ -70,7 +70,7 @@ def test_capability_is_validated_and_normalised() -> None:
     ("entropy", ("neg_entropy",)), ("topk_margin", ("margin",)), ("eb", ("neg_entropy",)),
     ("entropy_threshold", ()), ("klass", ()), ("ccd", ("neg_entropy",)),
     ("ete", ("neg_entropy",)), ("eotp", ()), ("origin", ()), ("s2d2", ()),
-    ("window_dream", ("neg_entropy",)), ("sched", None),
+    ("window_dream", ("neg_entropy",)), ("sched", ("logit_margin", "neg_entropy")),
 ])
 def test_presets_declare_what_they_read(name, fields) -> None:
     policy = make_policy(name)

@@ -120,8 +120,9 @@ def test_few_op_check_matches_the_direct_one(seed, params) -> None:
 
 
 def test_sched_adds_few_ops_per_step() -> None:
-    """The stopper (with the sampler's greedy fill) adds at most 25 top-level ops per step to
-    its base (19 + 4 at the time of writing; the direct implementation added about 60)."""
+    """The stopper (with the sampler's greedy fill and the top-2 logit margin that only it
+    reads) adds at most 28 top-level ops per step to its base (19 + 4 + ~4 at the time of
+    writing; the direct implementation added about 60)."""
     from dllm_decode.overhead import TimedModel, count_loop_ops
 
     model = TimedModel(tiny_model("llada", seed=3))
@@ -132,4 +133,4 @@ def test_sched_adds_few_ops_per_step() -> None:
                     DiffusionSampler(model, "sched", tau_high=INF, tau_low=INF, **kw)):
         steps = sampler.generate(prompt).steps
         per_step.append(count_loop_ops(lambda s=sampler: s.generate(prompt))[0] / steps)
-    assert per_step[1] - per_step[0] <= 25
+    assert per_step[1] - per_step[0] <= 28

@@ -39,6 +39,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import Policy, make_policy, register
 from dllm_decode.policies.sched_step import RegionMemo, decide, order_stat
 from dllm_decode.policies.supervised import PairedMemory, Supervised  # noqa: F401 (re-export)
@@ -124,6 +125,10 @@ class SchED:
             ``max_change_ratio=1`` disables it).
         stale: ``skip | use``, see above.
     """
+
+    #: reads the top-2 logit margin (and the always-present greedy tokens), at every fresh
+    #: position of its region, masked or not
+    capabilities = Capabilities(proposal_fields=("logit_margin",))
 
     tau_mode: str = "cosine"
     tau_high: float = 7.5
