@@ -127,28 +127,14 @@ def core_modules(model: Any, family: str) -> list[Any]:
     return [base.embed_tokens, *base.layers, base.norm, model.lm_head]
 
 
-class CoreTimer:
-    """Thread CPU seconds inside ``modules`` (forward pre/post hooks; not nested)."""
-
-    def __init__(self, modules: list[Any]) -> None:
-        self.seconds = 0.0
-        self._t0 = 0.0
-
-        def pre(module: Any, args: Any) -> None:
-            self._t0 = time.thread_time()
-
-        def post(module: Any, args: Any, out: Any) -> None:
-            self.seconds += time.thread_time() - self._t0
-
-        self._handles = [h for m in modules for h in (m.register_forward_pre_hook(pre),
-                                                      m.register_forward_hook(post))]
-
-    def reset(self) -> None:
-        self.seconds = 0.0
-
-    def close(self) -> None:
-        for h in self._handles:
-            h.remove()
+def _core_clock() -> Any:
+    """``dllm_decode.core_clock.CoreClock``, loaded by file path (this Python has no
+    ``dllm_decode``; the module needs nothing but the standard library)."""
+    path = Path(__file__).resolve().parents[1] / "dllm_decode" / "core_clock.py"
+    spec = importlib.util.spec_from_file_location("dllm_core_clock", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.CoreClock
 
 
 class ForwardTimer:
@@ -195,7 +181,7 @@ def run_request(refs: References, req: dict[str, Any]) -> dict[str, Any]:
             return (out[0], int(out[1])) if isinstance(out, tuple) else (out, None)
 
     timer = ForwardTimer(model)
-    core = CoreTimer(core_modules(model, family))
+    core = _core_clock()(core_modules(model, family))
     runs, out, reported = [], None, None
     try:
         for r in range(int(req.get("warmup", 0)) + int(req.get("repeats", 1))):

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from dllm_decode.cache.kv import BlockKVCache
+from dllm_decode.core_clock import CoreClock  # noqa: F401 (re-export)
 
 MODEL_LABEL = "dllm_decode.model_forward"
 #: aten ops that only make views or read metadata (no kernel launch on a GPU)
@@ -99,36 +100,6 @@ def core_modules(model: Any) -> list[torch.nn.Module]:
     layer, final norm, LM head."""
     inner = model.__dict__.get("_model", model)
     return [inner.embed, *inner.layers, inner.norm, inner.head]
-
-
-class CoreClock:
-    """Thread CPU seconds inside ``modules`` (forward pre / post hooks; calls must not nest).
-
-    Args:
-        modules: e.g. ``core_modules(model)``.
-    """
-
-    def __init__(self, modules: list[torch.nn.Module]) -> None:
-        self.seconds = 0.0
-        self._t0 = 0.0
-
-        def pre(module: torch.nn.Module, args: Any) -> None:
-            self._t0 = time.thread_time()
-
-        def post(module: torch.nn.Module, args: Any, out: Any) -> None:
-            self.seconds += time.thread_time() - self._t0
-
-        self._handles = [h for m in modules for h in (m.register_forward_pre_hook(pre),
-                                                      m.register_forward_hook(post))]
-
-    def reset(self) -> None:
-        """Zero the accumulated time."""
-        self.seconds = 0.0
-
-    def close(self) -> None:
-        """Remove the hooks."""
-        for h in self._handles:
-            h.remove()
 
 
 @contextlib.contextmanager
