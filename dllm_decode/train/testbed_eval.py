@@ -34,8 +34,8 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     from dllm_decode.eval.runner import left_pad
 
     g = TESTBED_GEN_LENGTH
-    block = model.block_size if getattr(model, "attention", "") == "block_causal" else g
-    kwargs = {"gen_length": g, "block_length": block, "steps": g, "temperature": 0.0}
+    # block_length None: one block of g, or a block-diffusion model's own block size
+    kwargs = {"gen_length": g, "block_length": None, "steps": g, "temperature": 0.0}
     kwargs |= sampler_kwargs
     sampler = DiffusionSampler(model, policy, **kwargs)
     out: dict[str, list[dict[str, Any]]] = {}
