@@ -304,8 +304,13 @@ def with_generation_config(src: Path, dst: Path) -> Path:
     config = json.loads((src / "config.json").read_text())
     if src.resolve() != dst.resolve():
         for f in src.iterdir():
-            if f.suffix in (".json", ".safetensors") and not (dst / f.name).exists():
-                (dst / f.name).symlink_to(f.resolve())
+            link = dst / f.name
+            if f.suffix not in (".json", ".safetensors"):
+                continue
+            if link.is_symlink() and link.resolve() != f.resolve():
+                link.unlink()  # left by an earlier run against another checkout
+            if not link.exists():
+                link.symlink_to(f.resolve())
     gen = {"_from_model_config": True, "alg": "origin", "alg_temp": None, "eps": 0.001,
            "steps": 512, "temperature": 0.0, "top_k": None, "top_p": None,
            "mask_token_id": None, "output_history": False, "transformers_version": "4.46.2",

@@ -11,6 +11,7 @@ explicit ``BlockKVCache`` passed to ``forward``.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
@@ -367,9 +368,7 @@ class DecoderLM(nn.Module):
             mask = block_causal_mask(positions, positions, self.spec.block_size)
         h = self.embed(tokens)
         cos, sin = self.rope_tables(positions) if rope is None else rope
-        impl = kernels.resolve_impl(self.attn_impl, h.device, dtype=h.dtype,
-                                    ops=("kv_write_", "block_attention")) if cache is not None \
-            else Impl.REFERENCE
+        impl = self._cached_attn_impl(h) if cache is not None else Impl.REFERENCE
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, mask, i, cache, slots, store, impl)
         h = self.norm(h)
@@ -378,6 +377,17 @@ class DecoderLM(nn.Module):
         if hidden_rows is not None:
             h = h.index_select(1, hidden_rows)
         return self.head(h)
+
+    def _cached_attn_impl(self, h: Tensor) -> Impl:
+        """``attn_impl`` resolved for ``h``'s device and dtype, once per setting of the
+        ``DLLM_DECODE_KERNELS`` variable (read on every call, as ``kernels_env`` documents)."""
+        key = (h.device, h.dtype, self.attn_impl, os.environ.get(kernels.ENV_VAR))
+        memo = self.__dict__.setdefault("_attn_impl_memo", {})
+        impl = memo.get(key)
+        if impl is None:
+            impl = memo[key] = kernels.resolve_impl(self.attn_impl, h.device, dtype=h.dtype,
+                                                    ops=("kv_write_", "block_attention"))
+        return impl
 
     # ---- checkpoint names -----------------------------------------------------------------
     def checkpoint_state_dict(self) -> dict[str, Tensor]:

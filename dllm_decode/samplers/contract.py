@@ -20,16 +20,18 @@ What ``DiffusionSampler.generate`` guarantees, and how each part is checked:
   eligible, exactly as in LLaDA's ``generate``, which can end with masks in the answer; that
   mode keeps the reference's behaviour (no forcing, no final mask check).
 
-Sync behaviour: the per-step checks only update small ``[B]`` device tensors; ``flag()`` is a
-0-d tensor the sampler folds into the one host sync each step already makes, so a violation is
-reported at the next step's sync (``raise_if``), and ``finish`` makes the one sync after the
-loop. Normal decodes take no extra sync and are token-for-token unchanged. Since a violation
-raises at the very next sync, only the last observed step's record is kept: it is the first
-violating step.
+Sync behaviour: the per-step checks reduce to a few 0-d device values (``flags()``: a float64
+sum of the scored values, an "ineligible commit" flag, the largest idle count and block record)
+that the sampler folds into the one host sync each step already makes, so a violation is
+reported at the next step's sync (``raise_if``, which only then computes the rows from the
+step's kept tensors), and ``finish`` makes the one sync after the loop. Normal decodes take no
+extra sync and are token-for-token unchanged. Since a violation raises at the very next sync,
+only the last observed step's record is kept: it is the first violating step.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -61,6 +63,10 @@ class IncompleteDecodeError(DecodeContractError):
 class StepGuard:
     """Per-generation contract state; every method but ``raise_if`` / ``finish`` is sync-free.
 
+    A step's checks reduce to a few 0-d device values (``flags``) that the sampler stacks into
+    the one host sync it makes anyway; the per-row details are computed from the step's kept
+    tensors only when a value says something is wrong (``raise_if``).
+
     Args:
         batch: B.
         device: where the tracking tensors live.
@@ -68,21 +74,28 @@ class StepGuard:
         exempt_stall: skip the progress check (``may_commit_nothing`` selectors).
     """
 
+    #: the "committed in this block" reset of the block record (any row that committed sits far
+    #: below 1 for the rest of the block, whatever it is expected to do afterwards)
+    _DID = -(1 << 40)
+
     def __init__(self, batch: int, device: torch.device, policy: str, *,
                  exempt_stall: bool = False) -> None:
         self.policy = policy
         self.exempt_stall = exempt_stall
-        # [3, B] the last observed step's violations per row (one stack per step): non-finite
-        # scores, an ineligible commit, a stalled row; ``_step`` is that step
-        self._now = torch.zeros((3, batch), dtype=torch.bool, device=device)
-        self._step = -1
-        self.idle = torch.zeros(batch, dtype=torch.long, device=device)  # steps w/o commits
-        self._block = torch.zeros(2, batch, dtype=torch.bool, device=device)  # one reset
-        self.block_expected, self.block_did = self._block.unbind(0)
+        # [2, B] int64 progress record: row 0 the steps without a commit since the last one in
+        # which the row was expected to commit (``idle``; a stall at ``>= block_steps``), row 1
+        # the same count since the block started, or ``_DID`` once the row committed in it
+        # (``>= 1`` at the block's last step: expected in the block and never committed)
+        self._track = torch.zeros((2, batch), dtype=torch.long, device=device)
+        self._reset = torch.tensor([[0], [self._DID]], dtype=torch.long, device=device)
+        self._keep_idle = torch.tensor([[1], [0]], dtype=torch.long, device=device)
+        self._flags: list[Tensor] = []
+        self._last_step: tuple[Any, ...] | None = None  # the observed step's tensors and ints
 
     def start_block(self) -> None:
-        """Reset the per-block progress record (sync-free)."""
-        self._block.zero_()
+        """Reset the per-block progress record (sync-free; a new tensor: the last step's record
+        may still be read by ``raise_if``)."""
+        self._track = self._track * self._keep_idle
 
     # ---- in the step loop (no sync) ---------------------------------------------------------
     def check_shape(self, commit: Any, eligible: Tensor) -> None:
@@ -96,86 +109,88 @@ class StepGuard:
                 f"{tuple(eligible.shape)} (or a types.Selection), got {got}")
 
     def observe(self, step: int, prop: Proposal, live: Tensor | None, eligible: Tensor,
-                budget: Tensor | None, commit: Tensor, block_steps: int, last: bool,
-                expected: Tensor | None = None) -> None:
-        """Record this step's violations.
+                expected: Tensor, commit: Tensor, block_steps: int, last: bool,
+                at: Tensor | None = None) -> None:
+        """Record this step's checks (0-d values for the next sync; see ``flags``).
 
         Args:
             step: global step index.
-            prop: the scored proposal ``[B, R]``.
+            prop: the scored proposal ``[B, R]``, or ``[K]`` at the flattened canvas
+                positions ``at`` (masked-rows scoring).
             live: ``[B, R]`` bool, scored entries that are real (``None``: all).
             eligible: ``[B, L]`` bool.
-            budget: ``[B]`` int64 scheduled commits, or ``None`` (adaptive).
+            expected: ``[B]`` bool, rows expected to commit this step: an eligible position
+                and, for scheduled policies, a budget > 0 (``expected_rows``).
             commit: ``[B, L]`` bool, the selector's own commit mask (before forcing).
             block_steps: a whole block's worth of steps (the stall limit).
             last: this is the block's last step: a row that was expected to commit in the
                 block and never did is stalled, however few steps the block had.
-            expected: ``eligible.any(1)`` if the caller has it (saves the reduction).
+            at: ``[K]`` indices into the flattened ``[B * L]`` canvas of a 1-D ``prop``.
         """
         # prob and entropy are both finite iff their sum is (|prob| <= 1, |H| <= log V); when
         # the entropy was not computed, the LSE stands in: it is finite iff the entropy is
-        # (a NaN or +inf logit, or every logit -inf, make both non-finite)
+        # (a NaN or +inf logit, or every logit -inf, make both non-finite). Their float64 sum
+        # over the step is finite iff every term is (fp32 terms cannot overflow it).
         check = prop.get("neg_entropy")
         if check is None:
             check = prop.lse
-        ok = torch.isfinite(prop.prob if check is None else prop.prob + check)
+        scores = prop.prob if check is None else prop.prob + check
         if live is not None:
-            ok |= ~live
-        nonfinite = ~ok.all(1)
-        ineligible = (commit > eligible).any(1)  # commit & ~eligible, one op
-        if self.exempt_stall:
-            self._first(torch.stack([nonfinite, ineligible, torch.zeros_like(nonfinite)]), step)
-            return
-        if expected is None:
-            expected = eligible.any(1)
-        if budget is not None:
-            expected = expected & (budget > 0)
-        did = commit.any(1)
-        self.idle = torch.where(did, 0, self.idle + expected)
-        self.block_expected |= expected
-        self.block_did |= did
-        stalled = self.idle >= block_steps
-        if last:
-            stalled |= self.block_expected & ~self.block_did
-        self._first(torch.stack([nonfinite, ineligible, stalled]), step)
+            scores = torch.where(live, scores, 0.0)
+        flags = [scores.sum(dtype=torch.float64), (commit > eligible).any()]  # commit & ~elig.
+        track = None
+        if not self.exempt_stall:
+            track = self._track = torch.where(commit.any(1), self._reset,
+                                              self._track + expected)
+            flags += track.amax(1).unbind()
+        self._flags = flags
+        self._last_step = (step, scores, live, at, commit, eligible, track, block_steps, last)
 
-    def _first(self, now: Tensor, step: int) -> None:
-        """Keep ``now [3, B]`` as step ``step``'s record. Nothing was recorded before: a
-        violation raises at the next step's sync (``raise_if``), before the next ``observe``,
-        so a recorded step is the first violating one."""
-        self._now, self._step = now, step
-
-    def flag(self) -> Tensor:
-        """0-d int64: how many violations the last observed step recorded (fold into the
-        step's sync; ``raise_if`` takes its value)."""
-        return self._now.sum()
+    def flags(self) -> list[Tensor]:
+        """The last observed step's 0-d check values, to stack into the step's sync (in order;
+        ``raise_if`` takes their host values): the float64 sum of the scored values, whether
+        an ineligible position was committed, and (unless exempt) the largest idle count and
+        block record."""
+        return self._flags
 
     # ---- host side --------------------------------------------------------------------------
-    def raise_if(self, n_bad: int) -> None:
-        """``n_bad``: the synced ``flag()``; if > 0, sync the details and raise."""
-        if n_bad <= 0:
+    def raise_if(self, values: list[float]) -> None:
+        """``values``: the synced ``flags()``; raise if they show a violation (the per-row
+        details are computed from the observed step's tensors only then)."""
+        if not values:
             return
-        nonfinite, ineligible, stalled = (_rows(now) for now in self._now)
-        step = self._step
-        if nonfinite:
+        step, scores, live, at, commit, eligible, track, block_steps, last = self._last_step
+        bad_score = not math.isfinite(values[0])
+        stalled_any = len(values) > 2 and (values[2] >= block_steps or (last and values[3] >= 1))
+        if not (bad_score or values[1] or stalled_any):
+            return
+        if bad_score:
+            bad = ~torch.isfinite(scores)
+            if live is not None:
+                bad &= live
+            rows = (at[bad] // eligible.shape[1]).unique().tolist() if at is not None else \
+                _rows(bad.any(1))
             raise NonFiniteLogitsError(
                 f"the model returned non-finite logits (NaN, +inf, or all -inf at a position) "
-                f"at step {step} in rows {nonfinite}; check the "
+                f"at step {step} in rows {rows}; check the "
                 f"checkpoint (load_model(..., check_finite=True)), the dtype (fp16 overflow) "
                 f"and any logits processing")
-        if ineligible:
+        if values[1]:
             raise PolicyContractError(
                 f"policy {self.policy!r} committed positions that were not eligible (not masked "
                 f"or outside the block) at step {step} in rows "
-                f"{ineligible}; select() must return a subset of state.eligible")
-        if stalled:
-            raise StalledPolicyError(
-                f"policy {self.policy!r} committed nothing for a whole block's worth of steps "
-                f"(until step {step}) in rows {stalled} although they "
-                f"had eligible positions; select() must commit at least one eligible position "
-                f"per row when the budget is > 0 (declare capabilities = Capabilities("
-                f"may_commit_nothing=True) for random "
-                f"reveals that end with a full reveal)")
+                f"{_rows((commit > eligible).any(1))}; select() must return a subset of "
+                f"state.eligible")
+        stalled = track[0] >= block_steps
+        if last:
+            stalled |= track[1] >= 1
+        raise StalledPolicyError(
+            f"policy {self.policy!r} committed nothing for a whole block's worth of steps "
+            f"(until step {step}) in rows {_rows(stalled)} although they "
+            f"had eligible positions; select() must commit at least one eligible position "
+            f"per row when the budget is > 0 (declare capabilities = Capabilities("
+            f"may_commit_nothing=True) for random "
+            f"reveals that end with a full reveal)")
 
     def finish(self, answer: Tensor, mask_id: int, *, check_masks: bool = True) -> None:
         """The one sync after the loop: last step's violations, then no masks in ``answer``.
@@ -186,8 +201,8 @@ class StepGuard:
             check_masks: raise if masks remain (off only for ``allow_prompt_masks``).
         """
         left = (answer == mask_id).sum(1) * check_masks
-        n_bad, n_left = torch.stack([self.flag(), left.sum()]).tolist()
-        self.raise_if(n_bad)
+        *values, n_left = torch.stack([*self.flags(), left.sum()]).tolist()
+        self.raise_if(values)
         if n_left:
             rows = (left > 0).nonzero().flatten().tolist()
             raise IncompleteDecodeError(
@@ -195,6 +210,15 @@ class StepGuard:
                 f"end of decoding (positions that were never eligible with a fresh proposal, "
                 f"e.g. outside a cache window); raise max_steps_per_block or use another cache "
                 f"mode")
+
+
+def expected_rows(active: Tensor, budget: Tensor | None,
+                  positive: Tensor | None = None) -> Tensor:
+    """``[B]`` rows expected to commit at a step: ``active`` (an eligible position) and, for
+    scheduled policies, a budget > 0 (``positive``: ``budget > 0`` if the caller has it)."""
+    if budget is None:
+        return active
+    return active & (budget > 0 if positive is None else positive)
 
 
 def force_block_end(commit: Tensor, eligible: Tensor, block: tuple[int, int]) -> Tensor:

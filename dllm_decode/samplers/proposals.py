@@ -273,16 +273,19 @@ def widen(prop: Proposal, canvas: Tensor, rows: Tensor, live: Tensor | None = No
 
 def widen_at(prop: Proposal, canvas: Tensor, flat: Tensor) -> Proposal:
     """A ``[K]`` proposal at the flattened canvas positions ``flat`` -> ``[B, L]`` (elsewhere:
-    the canvas token and 0); its LSE is widened too, 0 elsewhere (the contract checks the
-    widened proposal)."""
+    the canvas token and 0). The LSE is not widened (the contract checks the ``[K]``
+    proposal), as ``widen`` leaves it out."""
     b, length = canvas.shape
     names = [n for n in OPTIONAL_FIELDS if prop.get(n) is not None]
-    lse = prop.prob if prop.lse is None else prop.lse
-    floats = torch.stack([prop.prob, lse, *(prop.get(n) for n in names)])  # [F, K]
-    wide = floats.new_zeros(floats.shape[0], b * length).index_copy_(1, flat, floats)
-    prob, lse, *rest = wide.view(-1, b, length).unbind(0)
+    if names:  # one scatter for every float field
+        floats = torch.stack([prop.prob, *(prop.get(n) for n in names)])  # [F, K]
+        wide = floats.new_zeros(floats.shape[0], b * length).index_copy_(1, flat, floats)
+        prob, *rest = wide.view(-1, b, length).unbind(0)
+    else:
+        prob = prop.prob.new_zeros(b * length).index_copy_(0, flat, prop.prob).view(b, length)
+        rest = []
     fields = dict(zip(names, rest, strict=True))
     tokens = canvas.reshape(-1).index_copy(0, flat, prop.tokens).view(b, length)
     return Proposal(tokens, prob, fields.get("margin"), fields.get("logit_margin"),
                     fields.get("neg_entropy"), None if prop.argmax is None else
-                    canvas.reshape(-1).index_copy(0, flat, prop.argmax).view(b, length), lse)
+                    canvas.reshape(-1).index_copy(0, flat, prop.argmax).view(b, length))

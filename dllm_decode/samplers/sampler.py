@@ -16,7 +16,7 @@ from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
 from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.batching import decode_groups, split_rows
-from dllm_decode.samplers.contract import StepGuard
+from dllm_decode.samplers.contract import StepGuard, expected_rows
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker
@@ -213,6 +213,7 @@ class DiffusionSampler:
         commit_prob = torch.ones(b, length, dtype=torch.float64, device=device)
         spans = SpanMasks(b, length, device)
         refreshed: list[Tensor] = []  # [B] per step, stacked at the end (no sync)
+        actives: list[Tensor] = []  # [B] rows that took part in each step's forward
         step_forwards: list[int] = []  # host counters: model calls per step
         step = forwards = 0
         total_steps = sum(block_steps) if block_steps else g
@@ -222,9 +223,11 @@ class DiffusionSampler:
             n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
             times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
             fractions = None if times is None else sch.dream_fractions(times)
-            budgets = None  # LLaDA: the block's whole budget schedule [B, S], once per block
+            # LLaDA: the block's whole budget schedule [B] x S (and budget > 0), once per block
+            budgets = positive = None
             if steps_per_block and schedule != "dream":
-                budgets = sch.llada_budgets((canvas[:, bs:be] == mask_id).sum(1), n_iter)
+                schedule_t = sch.llada_budgets((canvas[:, bs:be] == mask_id).sum(1), n_iter)
+                budgets, positive = schedule_t.unbind(1), (schedule_t > 0).unbind(1)
             guard.start_block()
             for i in range(n_iter):
                 masked = canvas == mask_id
@@ -235,10 +238,12 @@ class DiffusionSampler:
                                     final=bool(steps_per_block) and i == n_iter - 1)
                 # the one host sync per step: is anything still masked in this block? (plus
                 # the integers the plan needs to shape its forward, and the contract's flag)
-                counts = [masked[:, bs:be].sum(), masked.sum(), guard.flag()]
-                n_left, n_masked, n_bad, *host = (torch.stack(counts) if need is None else
-                                                  torch.cat([torch.stack(counts), need])).tolist()
-                guard.raise_if(n_bad)
+                flags = guard.flags()
+                counts = torch.stack([masked[:, bs:be].sum(), masked.sum(), *flags])
+                synced = (counts if need is None else torch.cat([counts, need])).tolist()
+                guard.raise_if(synced[2:2 + len(flags)])
+                n_left, n_masked = int(synced[0]), int(synced[1])
+                host = [int(v) for v in synced[2 + len(flags):]]
                 if n_left == 0 and not (cfg.exact_steps and steps_per_block):
                     break
                 reach = min(be + lookahead, length)
@@ -261,7 +266,7 @@ class DiffusionSampler:
                     eligible = eligible & masked[:, bs:be].any(1, keepdim=True)
                 budget = None
                 if budgets is not None:
-                    budget = budgets[:, i]
+                    budget = budgets[i]
                 elif steps_per_block:
                     budget = sch.dream_budget(masked, times, i, n_iter, fractions)
                 active = eligible.any(1)
@@ -282,7 +287,9 @@ class DiffusionSampler:
                 # masked fed rows, known on the host when the rows end with the block (no mask
                 # before it): lets the proposal skip counting them (``masked_rows``)
                 in_rows = n_left if reach == be and not full_span and lo == p else None
-                ctl = dict(n_masked=n_masked, in_rows=in_rows, active=active,
+                expected = expected_rows(active, budget,
+                                         None if positive is None else positive[i])
+                ctl = dict(n_masked=n_masked, in_rows=in_rows, expected=expected,
                            last=i == n_iter - 1,
                            stall_limit=min(n_iter, be - bs),
                            force_end=spans.get(bs, be) if i == n_iter - 1 and lo == p else None)
@@ -295,7 +302,7 @@ class DiffusionSampler:
                     check_commit(state, out.selected, allow_empty=sel_caps.may_commit_nothing)
                 refreshed.append(state.refreshed)
                 step_forwards.append(1 + step_model.calls)
-                nfe += active
+                actives.append(active)  # NFE: summed after the loop
                 if truncator is not None:
                     new_len = truncator.truncate(state, commit).clamp(max=g)
                     lengths = torch.minimum(lengths, new_len)
@@ -308,6 +315,8 @@ class DiffusionSampler:
                     on_step(state, commit)
                 step += 1
         guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
+        if actives:
+            nfe = nfe + torch.stack(actives, 1).sum(1)
         bits_t = bits_per_step(commit_at, commit_prob, step)
         refreshed_t = (torch.stack(refreshed, 1) if refreshed
                        else torch.zeros(b, 0, dtype=torch.bool, device=device))

@@ -77,8 +77,9 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
         commit_prob: ``[B, L]`` float64 probability each position was committed with.
         info: the remaining ``StepState`` fields (``step``, ``block``, ... ``model``).
         ctl: ``n_masked`` (int, masked positions of the batch), ``in_rows`` (int masked
-            positions of the fed rows when the host knows it, else ``None``), ``active``
-            (``[B]`` rows with an eligible position), and the contract's inputs:
+            positions of the fed rows when the host knows it, else ``None``), and the
+            contract's inputs: ``expected`` (``[B]`` rows expected to commit,
+            ``contract.expected_rows``),
             ``last`` (the block's last step), ``stall_limit`` (a block's worth of steps),
             ``force_end`` (``[B, L]`` bool block mask on a last step that commits every
             eligible position left, else ``None``).
@@ -90,9 +91,10 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
         full_prop = widen(prop, canvas, rows, live, span=fed.span, span_mask=fresh)
         checked, checked_live = prop, live
     else:  # masked-only policies: the masked rows alone are scored (and fresh)
-        full_prop = widen_at(maker.propose_rows(logits, masked_rows[0]), canvas, masked_rows[1])
+        checked = maker.propose_rows(logits, masked_rows[0])
+        full_prop = widen_at(checked, canvas, masked_rows[1])
         fresh = masked & fresh
-        checked, checked_live = full_prop, None
+        checked_live = None
     state = StepState(proposal=full_prop, eligible=eligible, masked=masked, fresh=fresh,
                       canvas=canvas, budget=budget, rows=rows,
                       logits=logits if parts.needs_logits else None,
@@ -102,8 +104,9 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     commit = sel.commit
     guard = parts.guard
     guard.check_shape(commit, eligible)
-    guard.observe(info["step"], checked, checked_live, eligible, budget, commit,
-                  ctl["stall_limit"], last=ctl["last"], expected=ctl["active"])
+    guard.observe(info["step"], checked, checked_live, eligible, ctl["expected"], commit,
+                  ctl["stall_limit"], last=ctl["last"],
+                  at=None if masked_rows is None else masked_rows[1])
     if ctl["force_end"] is not None:  # force_block_end (prompt masks: LLaDA's carry-over)
         commit = commit | (eligible & ctl["force_end"])
     selected = commit
