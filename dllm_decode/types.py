@@ -106,6 +106,12 @@ class Proposal:
             raise ValueError(f"unknown Proposal field {name!r}; fields: {PROPOSAL_FIELDS}")
         return name not in OPTIONAL_FIELDS or getattr(self, f"_{name}") is not None
 
+    def computed(self) -> list[str]:
+        """The optional fields that were computed, in ``OPTIONAL_FIELDS`` order."""
+        return [n for n, v in zip(OPTIONAL_FIELDS, (self._margin, self._logit_margin,
+                                                     self._neg_entropy), strict=True)
+                if v is not None]
+
     def get(self, name: str) -> Tensor | None:
         """Field ``name``, or ``None`` when it was not computed (no error)."""
         if name in OPTIONAL_FIELDS:

@@ -80,6 +80,8 @@ def random_scores(state: StepState) -> Tensor:
 def step_score(state: StepState, kind: ScoreKind | str) -> Tensor:
     """The ``[B, L]`` score of ``kind`` this step: a proposal field, or for ``random`` fresh
     uniforms (``random_scores``; call it once per step, every call draws)."""
+    if kind is ScoreKind.PROB:  # the common case, without the enum lookup
+        return state.proposal.prob
     kind = ScoreKind(kind)
     if kind is ScoreKind.RANDOM:
         return random_scores(state)

@@ -76,7 +76,7 @@ class StepGuard:
 
     #: the "committed in this block" reset of the block record (any row that committed sits far
     #: below 1 for the rest of the block, whatever it is expected to do afterwards)
-    _DID = -(1 << 40)
+    _DID = -float(1 << 40)
 
     def __init__(self, batch: int, device: torch.device, policy: str, *,
                  exempt_stall: bool = False) -> None:
@@ -86,11 +86,14 @@ class StepGuard:
         # which the row was expected to commit (``idle``; a stall at ``>= block_steps``), row 1
         # the same count since the block started, or ``_DID`` once the row committed in it
         # (``>= 1`` at the block's last step: expected in the block and never committed)
-        self._track = torch.zeros((2, batch), dtype=torch.long, device=device)
-        self._reset = torch.tensor([[0], [self._DID]], dtype=torch.long, device=device)
-        self._keep_idle = torch.tensor([[1], [0]], dtype=torch.long, device=device)
+        # (float64 like every synced value: one dtype keeps the sync's stack cheap; the counts
+        # stay exact far beyond 2**40)
+        self._track = torch.zeros((2, batch), dtype=torch.float64, device=device)
+        self._reset = torch.tensor([[0.0], [self._DID]], dtype=torch.float64, device=device)
+        self._keep_idle = torch.tensor([[1.0], [0.0]], dtype=torch.float64, device=device)
         self._flags: list[Tensor] = []
-        self._last_step: tuple[Any, ...] | None = None  # the observed step's tensors and ints
+        self._limits: tuple[int, bool] = (0, False)  # the observed step's stall limit, last
+        self._last_step: tuple[Any, ...] = ()  # the observed step's tensors
 
     def start_block(self) -> None:
         """Reset the per-block progress record (sync-free; a new tensor: the last step's record
@@ -137,20 +140,22 @@ class StepGuard:
         scores = prop.prob if check is None else prop.prob + check
         if live is not None:
             scores = torch.where(live, scores, 0.0)
-        flags = [scores.sum(dtype=torch.float64), (commit > eligible).any()]  # commit & ~elig.
+        f64 = torch.float64  # every synced value (the sampler's counts too): one dtype
+        flags = [scores.sum(dtype=f64), (commit > eligible).sum(dtype=f64)]  # commit & ~elig.
         track = None
         if not self.exempt_stall:
             track = self._track = torch.where(commit.any(1), self._reset,
                                               self._track + expected)
             flags += track.amax(1).unbind()
         self._flags = flags
-        self._last_step = (step, scores, live, at, commit, eligible, track, block_steps, last)
+        self._limits = (block_steps, last)
+        self._last_step = (step, scores, live, at, commit, eligible, track)
 
     def flags(self) -> list[Tensor]:
         """The last observed step's 0-d check values, to stack into the step's sync (in order;
         ``raise_if`` takes their host values): the float64 sum of the scored values, whether
-        an ineligible position was committed, and (unless exempt) the largest idle count and
-        block record."""
+        ineligible commits, and (unless exempt) the largest idle count and block record (all
+        float64 0-d tensors)."""
         return self._flags
 
     # ---- host side --------------------------------------------------------------------------
@@ -159,11 +164,12 @@ class StepGuard:
         details are computed from the observed step's tensors only then)."""
         if not values:
             return
-        step, scores, live, at, commit, eligible, track, block_steps, last = self._last_step
+        block_steps, last = self._limits
         bad_score = not math.isfinite(values[0])
         stalled_any = len(values) > 2 and (values[2] >= block_steps or (last and values[3] >= 1))
         if not (bad_score or values[1] or stalled_any):
             return
+        step, scores, live, at, commit, eligible, track = self._last_step
         if bad_score:
             bad = ~torch.isfinite(scores)
             if live is not None:
@@ -201,12 +207,13 @@ class StepGuard:
             check_masks: raise if masks remain (off only for ``allow_prompt_masks``).
         """
         left = (answer == mask_id).sum(1) * check_masks
-        *values, n_left = torch.stack([*self.flags(), left.sum()]).tolist()
+        *values, n_left = torch.stack([*self.flags(), left.sum(dtype=torch.float64)]).tolist()
         self.raise_if(values)
         if n_left:
             rows = (left > 0).nonzero().flatten().tolist()
             raise IncompleteDecodeError(
-                f"policy {self.policy!r} left {n_left} masked position(s) in rows {rows} at the "
+                f"policy {self.policy!r} left {int(n_left)} masked position(s) in rows {rows} at "
+                f"the "
                 f"end of decoding (positions that were never eligible with a fresh proposal, "
                 f"e.g. outside a cache window); raise max_steps_per_block or use another cache "
                 f"mode")

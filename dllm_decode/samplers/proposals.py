@@ -14,7 +14,7 @@ from dllm_decode.cache.plans import Fed
 from dllm_decode.config import SamplerConfig
 from dllm_decode.kernels import reference
 from dllm_decode.kernels.reference import filter_logits
-from dllm_decode.types import OPTIONAL_FIELDS, Impl, Proposal
+from dllm_decode.types import Impl, Proposal
 
 #: score only the masked rows when that skips at least this many logits (rows x V): below it the
 #: gather / scatter ops cost more than the full-vocabulary passes they save
@@ -242,7 +242,7 @@ def widen(prop: Proposal, canvas: Tensor, rows: Tensor, live: Tensor | None = No
     span; a few ops instead of a scatter per field). Fields absent from ``prop`` (not
     computed) stay absent.
     """
-    names = [n for n in OPTIONAL_FIELDS if prop.get(n) is not None]
+    names = prop.computed()
     dtype = prop.prob.dtype
     if span is not None and live is None and all(prop.get(n).dtype == dtype for n in names):
         lo, hi = span
@@ -276,7 +276,7 @@ def widen_at(prop: Proposal, canvas: Tensor, flat: Tensor) -> Proposal:
     the canvas token and 0). The LSE is not widened (the contract checks the ``[K]``
     proposal), as ``widen`` leaves it out."""
     b, length = canvas.shape
-    names = [n for n in OPTIONAL_FIELDS if prop.get(n) is not None]
+    names = prop.computed()
     if names:  # one scatter for every float field
         floats = torch.stack([prop.prob, *(prop.get(n) for n in names)])  # [F, K]
         wide = floats.new_zeros(floats.shape[0], b * length).index_copy_(1, flat, floats)

@@ -206,6 +206,7 @@ class DiffusionSampler:
         # cut at the current block's end, so its tokens would depend on its batch neighbours.
         lookahead = sel_caps.lookahead
         nfe = torch.zeros(b, dtype=torch.long, device=device)
+        step_model = StepModelView(model, plan, maker, nfe, b, enabled=not cfg_on)
         lengths = torch.full((b,), g, dtype=torch.long, device=device)
         # per-generation records, written in place at commits (one op each per step); bits
         # and commit steps are derived from them after the loop
@@ -239,7 +240,9 @@ class DiffusionSampler:
                 # the one host sync per step: is anything still masked in this block? (plus
                 # the integers the plan needs to shape its forward, and the contract's flag)
                 flags = guard.flags()
-                counts = torch.stack([masked[:, bs:be].sum(), masked.sum(), *flags])
+                f64 = torch.float64  # one dtype for the stack (the guard's flags are float64)
+                counts = torch.stack([masked[:, bs:be].sum(dtype=f64), masked.sum(dtype=f64),
+                                      *flags])
                 synced = (counts if need is None else torch.cat([counts, need])).tolist()
                 guard.raise_if(synced[2:2 + len(flags)])
                 n_left, n_masked = int(synced[0]), int(synced[1])
@@ -270,8 +273,7 @@ class DiffusionSampler:
                 elif steps_per_block:
                     budget = sch.dream_budget(masked, times, i, n_iter, fractions)
                 active = eligible.any(1)
-                step_model = StepModelView(model, plan, maker, model_canvas, nfe, active, b,
-                                        enabled=not cfg_on)
+                step_model.begin(model_canvas, active)
                 info = dict(
                     step=step, block=blk, block_start=bs, block_end=be, gen_start=p,
                     steps_left=(n_iter - i) if steps_per_block or times is not None else None,

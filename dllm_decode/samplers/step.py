@@ -170,16 +170,25 @@ class SpanMasks:
 
 
 class StepModelView:
-    """``types.StepModel`` for one step: extra forwards against the plan, counted in NFE."""
+    """``types.StepModel``: extra forwards against the plan, counted in NFE. One per
+    generation; ``begin`` points it at each step's canvas and active rows."""
 
-    def __init__(self, model: Any, plan: ForwardPlan, maker: ProposalMaker, canvas: Tensor,
-                 nfe: Tensor, default_active: Tensor, batch: int, *, enabled: bool) -> None:
+    def __init__(self, model: Any, plan: ForwardPlan, maker: ProposalMaker, nfe: Tensor,
+                 batch: int, *, enabled: bool) -> None:
         self.mask_token_id = model.mask_token_id
         self.eos_token_ids = tuple(model.eos_token_ids or ())
         self.block_size = getattr(model, "block_size", None)
         self.calls = 0
-        self._plan, self._maker, self._canvas, self._batch = plan, maker, canvas, batch
-        self._nfe, self._active, self._enabled = nfe, default_active, enabled
+        self._plan, self._maker, self._batch = plan, maker, batch
+        self._nfe, self._enabled = nfe, enabled
+        self._canvas: Tensor | None = None
+        self._active: Tensor | None = None
+
+    def begin(self, canvas: Tensor, default_active: Tensor) -> StepModelView:
+        """Start a step: its model canvas ``[B', L]`` and the rows ``[B]`` an extra forward
+        counts by default; resets ``calls``."""
+        self._canvas, self._active, self.calls = canvas, default_active, 0
+        return self
 
     @property
     def positions(self) -> Tensor:
