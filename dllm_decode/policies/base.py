@@ -104,8 +104,27 @@ def topk_mask(score: Tensor, eligible: Tensor, k: Tensor) -> Tensor:
     """Commit the ``k [B]`` best eligible positions per row (no host sync)."""
     order = torch.sort(torch.where(eligible, score, lowest(score.dtype)), dim=-1,
                        descending=True, stable=True).indices
-    # ranks as in ``rank_desc``; its push of ineligible entries is moot under ``& eligible``
-    return eligible & (torch.argsort(order, dim=-1) < k[:, None])
+    # rank < k in sorted order, scattered back through the permutation ``order`` (every
+    # position is written, so the scatter's input values do not matter): one sort, not two;
+    # ranks as in ``rank_desc``, whose push of ineligible entries is moot under ``& eligible``
+    take = _row_positions(order.shape[-1], order.device) < k[:, None]  # [B, L] rank < k
+    return eligible & take.scatter(-1, order, take)
+
+
+_ROW_POSITIONS: dict[tuple[int, torch.device], Tensor] = {}
+
+
+def _row_positions(length: int, device: torch.device) -> Tensor:
+    """``[1, length]`` int64 ``0 .. length - 1``: cached in eager mode (a read-only constant),
+    built in place under ``torch.compile`` (which folds it)."""
+    if torch.compiler.is_compiling():
+        return torch.arange(length, device=device)[None]
+    out = _ROW_POSITIONS.get((length, device))
+    if out is None:
+        if len(_ROW_POSITIONS) > 64:
+            _ROW_POSITIONS.clear()
+        out = _ROW_POSITIONS[(length, device)] = torch.arange(length, device=device)[None]
+    return out
 
 
 def top1_mask(score: Tensor, eligible: Tensor) -> Tensor:
