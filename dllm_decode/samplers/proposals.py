@@ -101,11 +101,10 @@ class ProposalMaker:
         Returns: ``(rows, flat)``: ``[K]`` indices into the flattened ``[B * R]`` fed rows and
         the same positions as indices into the flattened ``[B, L]`` canvas.
         """
-        if not self.masked_only or fed.span is None or live is not None or \
-                logits.device.type != "cpu":
+        if not self.masked_only or fed.span is None or live is not None:
             return None
         b, r, v = logits.shape
-        if (b * r - (count or 0)) * v < MASKED_ROWS_MIN_SAVED:
+        if (b * r - (count or 0)) * v < MASKED_ROWS_MIN_SAVED or logits.device.type != "cpu":
             return None
         lo, hi = fed.span
         rows = masked[:, lo:hi].reshape(-1).nonzero().squeeze(1)
