@@ -244,6 +244,48 @@ def test_eos_cut_rows_end_after_the_first_eos_like_an_eotp_canvas() -> None:
     with pytest.raises(ValueError, match="eos_cut_frac must lie in"):
         DistillConfig(eos_cut_frac=1.5)
 
+def test_onpolicy_rows_follow_the_students_greedy_decode_and_stay_consistent() -> None:
+    from dllm_decode import load_model
+    from dllm_decode.train.distill import DistillConfig, make_batch
+    from dllm_decode.train.onpolicy import onpolicy_rows
+
+    oracle = waiting_line_oracle()
+    model = load_model("testbed-llada")  # a trained student: its greedy commits are valid
+    batch = make_batch(DistillConfig(eos_cut_frac=0.5, batch_size=12), oracle, 7)
+    tokens, valid, masked, targets, p = batch
+    out = onpolicy_rows(model, oracle, 0.5, 3, tokens, valid, masked, targets, p)
+    assert all(torch.equal(a, b) for a, b in zip(batch[:4], (tokens, valid, masked, targets),
+                                                 strict=True))  # inputs untouched
+    t2, v2, m2, tg2 = out
+    changed = [i for i in range(12) if not torch.equal(t2[i], tokens[i])]
+    assert 0 < len(changed) <= 6 and not model.training
+    committed = 0
+    for i in changed:
+        region, prompt = t2[i, p:], t2[i, :p][v2[i, :p]].tolist()
+        table = oracle.answer_table(prompt, 16)
+        known = region != oracle.mask_token_id
+        assert ((table == region) | ~known).all(-1).any()  # consistent with a valid answer
+        assert v2[i, p:].all() and torch.equal(m2[i], ~known)
+        want = oracle.marginals(table, region[None])[0].float()
+        assert torch.allclose(tg2[i], want)
+        committed += int(known.sum())
+    assert committed > 0
+    # a row's committed tokens are its greedy low-confidence decode of the same prompt, in order
+    i = max(changed, key=lambda r: int((t2[r, p:] != oracle.mask_token_id).sum()))
+    k = int((t2[i, p:] != oracle.mask_token_id).sum())
+    from dllm_decode import DiffusionSampler
+
+    greedy = DiffusionSampler(model, "low_confidence", gen_length=16, steps=16,
+                              block_length=16).generate(t2[i:i + 1, :p][v2[i:i + 1, :p]][None])
+    order = greedy.commit_step[0]
+    first_k = order < k
+    assert torch.equal(first_k, t2[i, p:] != oracle.mask_token_id)
+    assert torch.equal(greedy.answer[0][first_k], t2[i, p:][first_k])
+    assert onpolicy_rows(model, oracle, 0.0, 3, *batch)[0] is tokens
+    with pytest.raises(ValueError, match="onpolicy_frac must lie in"):
+        DistillConfig(onpolicy_frac=2.0)
+
+
 # ---- evaluation defaults that fit the bundled checkpoints ------------------------------------
 
 def test_grids_naming_a_bundled_tiny_model_are_zero_shot() -> None:

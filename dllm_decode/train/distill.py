@@ -45,6 +45,7 @@ from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
 from dllm_decode.train.grow import grow_into
+from dllm_decode.train.onpolicy import onpolicy_rows
 from dllm_decode.train.testbed import (
     RANDOM_TASKS,
     TESTBED_GEN_LENGTH,
@@ -92,6 +93,7 @@ class DistillConfig:
     resume: bool = False
     grow_from: str = ""
     eos_cut_frac: float = 0.0
+    onpolicy_frac: float = 0.0
 
     def __post_init__(self) -> None:
         if self.family not in ("llada", "dream", "sdar"):
@@ -102,6 +104,8 @@ class DistillConfig:
             raise ValueError("steps and batch_size must be >= 1")
         if not 0 <= self.eos_cut_frac <= 1:
             raise ValueError(f"eos_cut_frac must lie in [0, 1], got {self.eos_cut_frac}")
+        if not 0 <= self.onpolicy_frac <= 1:
+            raise ValueError(f"onpolicy_frac must lie in [0, 1], got {self.onpolicy_frac}")
         if self.grow_from and not Path(self.grow_from).is_file():
             raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
 
@@ -284,6 +288,10 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
         tokens, valid, masked, targets, p = make_batch(cfg, oracle, step)
+        if cfg.onpolicy_frac and step >= cfg.scramble_steps:  # the student's own states
+            tokens, valid, masked, targets = onpolicy_rows(
+                model, oracle, cfg.onpolicy_frac, (cfg.seed << 32) + step, tokens, valid,
+                masked, targets, p)
         loss, kl = distill_loss(model, tokens, valid, masked, targets, p)
         opt.zero_grad(set_to_none=True)
         loss.backward()
