@@ -6,9 +6,8 @@ Dream-like test-bed student shows why this matters: 96 % of its failures on the 
 repeat a name it already committed, and it commits those duplicates with high confidence, so
 low-confidence decoding picks them first (a random order avoids most of them).
 ``onpolicy_rows`` replaces a share of a batch's rows by states read off the student's greedy
-one-token-per-step decode (the ``low_confidence`` order: the most probable token at the most
-confident masked position, the mask token excluded), each stopped after a random number of
-commits or just before its first commit that no valid answer contains. The oracle's exact
+one-token-per-step ``low_confidence`` decode (the sampler's own), each stopped after a random
+number of commits or just before its first commit that no valid answer contains. The oracle's exact
 conditionals of those states are the targets, so the loss lands where the student's decode goes
 wrong.
 
@@ -27,14 +26,17 @@ from torch import Tensor
 from dllm_decode.models.oracle import WaitingLineOracle
 
 
-@torch.no_grad()
 def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
                   tokens: Tensor, valid: Tensor, masked: Tensor, targets: Tensor,
                   prompt_width: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A batch with ``round(frac * B)`` rows replaced by on-policy states (see the module).
 
+    The states come from the library's own decode (``DiffusionSampler`` with
+    ``low_confidence``, one token per step, one block, greedy): the state after ``j`` commits
+    keeps the positions committed in its first ``j`` steps.
+
     Args:
-        model: the student (put in eval mode for the rollout, then restored).
+        model: the student (put in eval mode for the decode, then restored).
         oracle: the Waiting Line oracle (answer tables, exact conditionals).
         frac: share of rows to replace, in ``[0, 1]``.
         seed: seeds which rows and how many commits (per training step).
@@ -44,6 +46,8 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
 
     Returns: ``(tokens, valid, masked, targets)``, new tensors (the inputs are not modified).
     """
+    from dllm_decode.samplers.sampler import DiffusionSampler
+
     b, g = masked.shape
     n = round(frac * b)
     if n == 0:
@@ -51,39 +55,32 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     mask_id, p = oracle.mask_token_id, prompt_width
     gen = torch.Generator().manual_seed(seed)
     rows = torch.randperm(b, generator=gen)[:n]
-    stop = torch.randint(0, g, (n,), generator=gen)  # commits to make per row
-    tables = [oracle.answer_table(tokens[i, :p][valid[i, :p]].tolist(), g)
-              for i in rows.tolist()]
-    canvas, keys = tokens[rows].clone(), valid[rows].clone()
-    canvas[:, p:], keys[:, p:] = mask_id, True  # a fresh answer region (no EOS cut)
-    positions = model.rope_positions(keys)
-    answer_rows = torch.arange(p, p + g)
-    live = torch.ones(n, dtype=torch.bool)
+    stop = torch.randint(0, g, (n,), generator=gen)  # commits to keep per row
     training = model.training
     model.eval()
     try:
-        for t in range(int(stop.max())):
-            todo = live & (stop > t)
-            if not bool(todo.any()):
-                break
-            logits = model(canvas, positions, mask=keys, hidden_rows=answer_rows).float()
-            logits[..., mask_id] = -torch.inf
-            prob, token = logits.softmax(-1).max(-1)  # [n, G]
-            region = canvas[:, p:]
-            at = prob.masked_fill(region != mask_id, -1.0).argmax(-1)  # first max: lowest index
-            cand = region.clone()
-            cand[torch.arange(n), at] = token[torch.arange(n), at]
-            ok = torch.stack([((tab == c) | (c == mask_id)).all(-1).any()
-                              for tab, c in zip(tables, cand, strict=True)])
-            live &= ok | ~todo  # a row stops before its first commit no valid answer has
-            canvas[:, p:] = torch.where((todo & ok)[:, None], cand, region)
+        out = DiffusionSampler(model, "low_confidence", gen_length=g, steps=g, block_length=None,
+                               temperature=0.0).generate(tokens[rows, :p], valid[rows, :p].long())
     finally:
         model.train(training)
-    region = canvas[:, p:]
+    # states[j] keeps the commits of the first j steps: [n, G + 1, G]
+    first = torch.arange(g + 1)[None, :, None]
+    order = out.commit_step[:, None, :]
+    states = torch.where((order >= 0) & (order < first), out.answer[:, None, :], mask_id)
+    prompts = [tokens[i, :p][valid[i, :p]].tolist() for i in rows.tolist()]
+    tables = [oracle.answer_table(prompt, g) for prompt in prompts]
+    regions = []
+    for row, table in enumerate(tables):
+        state = states[row]  # [G + 1, G]
+        ok = ((table[None] == state[:, None]) | (state[:, None] == mask_id)).all(-1).any(-1)
+        # stop before the first commit that no valid answer contains
+        last_ok = int(ok.long().cumprod(0).sum()) - 1
+        regions.append(state[min(int(stop[row]), last_ok)])
+    region = torch.stack(regions)
     new_targets = torch.cat([oracle.marginals(tab, r[None]) for tab, r in
                              zip(tables, region, strict=True)]).to(targets.dtype)
     tokens, valid, masked, targets = tokens.clone(), valid.clone(), masked.clone(), \
         targets.clone()
-    tokens[rows], valid[rows], masked[rows], targets[rows] = canvas, keys, region == mask_id, \
-        new_targets
+    tokens[rows, p:], valid[rows, p:] = region, True  # a fresh answer region (no EOS cut)
+    masked[rows], targets[rows] = region == mask_id, new_targets
     return tokens, valid, masked, targets
