@@ -33,7 +33,8 @@ import torch
 from torch import Tensor
 
 from dllm_decode.cache.kv import BlockKVCache
-from dllm_decode.models.base import DiffusionLM, block_causal_mask
+from dllm_decode.models.base import DiffusionLM
+from dllm_decode.models.functional import block_causal_mask
 from dllm_decode.types import CacheMode
 
 

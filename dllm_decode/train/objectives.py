@@ -24,7 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dllm_decode.models.base import DecoderLM, block_causal_mask
+from dllm_decode.models.base import DecoderLM
+from dllm_decode.models.functional import block_causal_mask
 from dllm_decode.train.data import Batch
 
 
