@@ -82,12 +82,11 @@ class StepGuard:
                  exempt_stall: bool = False) -> None:
         self.policy = policy
         self.exempt_stall = exempt_stall
-        # [2, B] int64 progress record: row 0 the steps without a commit since the last one in
-        # which the row was expected to commit (``idle``; a stall at ``>= block_steps``), row 1
-        # the same count since the block started, or ``_DID`` once the row committed in it
-        # (``>= 1`` at the block's last step: expected in the block and never committed)
-        # (float64 like every synced value: one dtype keeps the sync's stack cheap; the counts
-        # stay exact far beyond 2**40)
+        # [2, B] progress record: row 0 the steps without a commit since the last one in which
+        # the row was expected to commit (``idle``; a stall at ``>= block_steps``), row 1 the
+        # same count since the block started, or ``_DID`` once the row committed in it (``>= 1``
+        # at the block's last step: expected in the block and never committed). float64 like
+        # every synced value (one dtype keeps the sync's stack cheap; counts stay exact)
         self._track = torch.zeros((2, batch), dtype=torch.float64, device=device)
         self._reset = torch.tensor([[0.0], [self._DID]], dtype=torch.float64, device=device)
         self._keep_idle = torch.tensor([[1.0], [0.0]], dtype=torch.float64, device=device)
@@ -213,8 +212,7 @@ class StepGuard:
             rows = (left > 0).nonzero().flatten().tolist()
             raise IncompleteDecodeError(
                 f"policy {self.policy!r} left {int(n_left)} masked position(s) in rows {rows} at "
-                f"the "
-                f"end of decoding (positions that were never eligible with a fresh proposal, "
+                f"the end of decoding (positions that were never eligible with a fresh proposal, "
                 f"e.g. outside a cache window); raise max_steps_per_block or use another cache "
                 f"mode")
 

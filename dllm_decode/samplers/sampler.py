@@ -205,8 +205,10 @@ class DiffusionSampler:
         # the next block against the current block's cache refresh and a lookahead window
         # cut at the current block's end, so its tokens would depend on its batch neighbours.
         lookahead = sel_caps.lookahead
-        nfe = torch.zeros(b, dtype=torch.long, device=device)
-        step_model = StepModelView(model, plan, maker, nfe, b, enabled=not cfg_on)
+        # [B] rows that took part in each forward (the step's own and any extra ones); NFE is
+        # their sum after the loop
+        took_part: list[Tensor] = []
+        step_model = StepModelView(model, plan, maker, took_part, b, enabled=not cfg_on)
         lengths = torch.full((b,), g, dtype=torch.long, device=device)
         # per-generation records, written in place at commits (one op each per step); bits
         # and commit steps are derived from them after the loop
@@ -214,7 +216,6 @@ class DiffusionSampler:
         commit_prob = torch.ones(b, length, dtype=torch.float64, device=device)
         spans = SpanMasks(b, length, device)
         refreshed: list[Tensor] = []  # [B] per step, stacked at the end (no sync)
-        actives: list[Tensor] = []  # [B] rows that took part in each step's forward
         step_forwards: list[int] = []  # host counters: model calls per step
         step = forwards = 0
         total_steps = sum(block_steps) if block_steps else g
@@ -304,7 +305,7 @@ class DiffusionSampler:
                     check_commit(state, out.selected, allow_empty=sel_caps.may_commit_nothing)
                 refreshed.append(state.refreshed)
                 step_forwards.append(1 + step_model.calls)
-                actives.append(active)  # NFE: summed after the loop
+                took_part.append(active)
                 if truncator is not None:
                     new_len = truncator.truncate(state, commit).clamp(max=g)
                     lengths = torch.minimum(lengths, new_len)
@@ -317,8 +318,8 @@ class DiffusionSampler:
                     on_step(state, commit)
                 step += 1
         guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
-        if actives:
-            nfe = nfe + torch.stack(actives, 1).sum(1)
+        nfe = (torch.stack(took_part, 1).sum(1) if took_part
+               else torch.zeros(b, dtype=torch.long, device=device))
         bits_t = bits_per_step(commit_at, commit_prob, step)
         refreshed_t = (torch.stack(refreshed, 1) if refreshed
                        else torch.zeros(b, 0, dtype=torch.bool, device=device))

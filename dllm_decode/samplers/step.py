@@ -170,17 +170,18 @@ class SpanMasks:
 
 
 class StepModelView:
-    """``types.StepModel``: extra forwards against the plan, counted in NFE. One per
-    generation; ``begin`` points it at each step's canvas and active rows."""
+    """``types.StepModel``: extra forwards against the plan, counted in NFE (each appends its
+    ``[B]`` participating rows to the generation's ``took_part`` record). One per generation;
+    ``begin`` points it at each step's canvas and active rows."""
 
-    def __init__(self, model: Any, plan: ForwardPlan, maker: ProposalMaker, nfe: Tensor,
-                 batch: int, *, enabled: bool) -> None:
+    def __init__(self, model: Any, plan: ForwardPlan, maker: ProposalMaker,
+                 took_part: list[Tensor], batch: int, *, enabled: bool) -> None:
         self.mask_token_id = model.mask_token_id
         self.eos_token_ids = tuple(model.eos_token_ids or ())
         self.block_size = getattr(model, "block_size", None)
         self.calls = 0
         self._plan, self._maker, self._batch = plan, maker, batch
-        self._nfe, self._enabled = nfe, enabled
+        self._took_part, self._enabled = took_part, enabled
         self._canvas: Tensor | None = None
         self._active: Tensor | None = None
 
@@ -207,7 +208,7 @@ class StepModelView:
                              "cfg_scale > 0")
         logits = self._plan.extra_forward(self._canvas, tokens, positions, mask)
         self.calls += 1
-        self._nfe += (self._active if active is None else active).long()
+        self._took_part.append(self._active if active is None else active.bool())
         return logits
 
     def probs(self, logits: Tensor) -> Tensor:
