@@ -66,6 +66,5 @@ def dream_budget(masked: Tensor, times: Tensor, step: int, steps: int,
     """
     n_masked = masked.sum(1, dtype=torch.float32)  # exact counts (< 2**24)
     if step < steps - 1:
-        frac = 1 - times[step + 1] / times[step] if fractions is None else fractions[step]
-        n_masked = n_masked * frac
+        n_masked = n_masked * (dream_fractions(times) if fractions is None else fractions)[step]
     return n_masked.long()  # floor: the count is >= 0
