@@ -244,13 +244,14 @@ def test_eos_cut_rows_end_after_the_first_eos_like_an_eotp_canvas() -> None:
     with pytest.raises(ValueError, match="eos_cut_frac must lie in"):
         DistillConfig(eos_cut_frac=1.5)
 
-def test_onpolicy_rows_follow_the_students_greedy_decode_and_stay_consistent() -> None:
+@pytest.mark.parametrize("name", ["testbed-llada", "testbed-dream"])
+def test_onpolicy_rows_follow_the_students_greedy_decode_and_stay_consistent(name: str) -> None:
     from dllm_decode import load_model
     from dllm_decode.train.distill import DistillConfig, make_batch
     from dllm_decode.train.onpolicy import onpolicy_rows
 
     oracle = waiting_line_oracle()
-    model = load_model("testbed-llada")  # a trained student: its greedy commits are valid
+    model = load_model(name)  # a trained student (rows stop before an invalid commit)
     batch = make_batch(DistillConfig(eos_cut_frac=0.5, batch_size=12), oracle, 7)
     tokens, valid, masked, targets, p = batch
     out = onpolicy_rows(model, oracle, 0.5, 3, tokens, valid, masked, targets, p)
@@ -275,15 +276,29 @@ def test_onpolicy_rows_follow_the_students_greedy_decode_and_stay_consistent() -
     k = int((t2[i, p:] != oracle.mask_token_id).sum())
     from dllm_decode import DiffusionSampler
 
-    greedy = DiffusionSampler(model, "low_confidence", gen_length=16, steps=16,
-                              block_length=16).generate(t2[i:i + 1, :p][v2[i:i + 1, :p]][None])
+    # one commit per step whatever the family (Dream's own time grid commits 0, 1, ..., 2)
+    greedy = DiffusionSampler(model, "low_confidence", gen_length=16, steps=16, block_length=16,
+                              schedule="llada").generate(t2[i:i + 1, :p][v2[i:i + 1, :p]][None])
     order = greedy.commit_step[0]
+    assert torch.equal(order.sort().values, torch.arange(16))
     first_k = order < k
     assert torch.equal(first_k, t2[i, p:] != oracle.mask_token_id)
     assert torch.equal(greedy.answer[0][first_k], t2[i, p:][first_k])
     assert onpolicy_rows(model, oracle, 0.0, 3, *batch)[0] is tokens
     with pytest.raises(ValueError, match="onpolicy_frac must lie in"):
         DistillConfig(onpolicy_frac=2.0)
+
+
+def test_decode_tasks_commits_one_token_per_step_for_every_family(one_thread: None) -> None:
+    """``steps = G`` is one token per step for a Dream-family model too (the even split), not
+    Dream's time grid, whose last step commits two names at once on a random task."""
+    oracle = waiting_line_oracle()
+    dream_like = waiting_line_oracle()
+    dream_like.family = "dream"  # the exact conditionals, decoded with Dream's defaults
+    even = decode_tasks(dream_like, oracle, 12, tasks=("shuffle",))["shuffle"]
+    assert all(r["valid"] and r["nfe"] == G for r in even)
+    grid = decode_tasks(dream_like, oracle, 12, tasks=("shuffle",), schedule="dream")["shuffle"]
+    assert sum(r["valid"] for r in grid) < len(grid) // 2  # tied names collide at the end
 
 
 # ---- evaluation defaults that fit the bundled checkpoints ------------------------------------

@@ -5,6 +5,11 @@ steps as ``n // S`` each, the first ``n % S`` steps one more. Dream (``_sample``
 ``t = linspace(1, eps, S + 1)`` in float32; step i commits ``int(n_mean * (1 - t[i+1] / t[i]))``
 where ``n_mean`` is the masked count averaged over the batch; the last step commits the rest.
 Both budgets are computed as tensors (no host sync).
+
+Dream's grid is not one token per step at ``steps = n``: with ``eps = 1e-3`` its first step
+commits ``int(n * (1 - eps) / S) = 0`` and the rounding deficit lands on the last step (16
+positions in 16 steps: 0, 1, 1, ..., 1, 2). Pass ``schedule="llada"`` for exactly ``n / S`` per
+step on any family.
 """
 
 from __future__ import annotations

@@ -59,8 +59,11 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     training = model.training
     model.eval()
     try:
+        # schedule "llada": exactly one commit per step for every family (Dream's time grid
+        # commits none at the first step and two at the last when steps == g)
         out = DiffusionSampler(model, "low_confidence", gen_length=g, steps=g, block_length=None,
-                               temperature=0.0).generate(tokens[rows, :p], valid[rows, :p].long())
+                               temperature=0.0, schedule="llada").generate(
+            tokens[rows, :p], valid[rows, :p].long())
     finally:
         model.train(training)
     # states[j] keeps the commits of the first j steps: [n, G + 1, G]

@@ -28,6 +28,13 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     other held-out prompts. ``sampler_kwargs`` go to ``DiffusionSampler`` (``steps``,
     ``cache``, policy parameters, ...); the default is one token per step, one block (block-
     diffusion models: their own block size).
+
+    Fixed-step budgets use the even split (``schedule="llada"``) for every family unless the
+    policy asks for a schedule of its own (Dream's ``origin``) or the caller passes one, so
+    ``steps = G / k`` commits exactly ``k`` tokens per step. Dream's own time grid does not: at
+    ``steps = G = 16`` its first step commits ``int(16 * (1 - t1 / t0)) = int(0.999) = 0`` and
+    its last step the remaining two, i.e. two names at once on a random task (pass
+    ``schedule="dream"`` to measure that schedule).
     """
     from dllm_decode import DiffusionSampler
     from dllm_decode.eval.parallelbench.generate import split_seed
@@ -38,6 +45,8 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     kwargs = {"gen_length": g, "block_length": None, "steps": g, "temperature": 0.0}
     kwargs |= sampler_kwargs
     sampler = DiffusionSampler(model, policy, **kwargs)
+    if "schedule" not in kwargs and sampler.capabilities.selector.preferred_schedule is None:
+        sampler = DiffusionSampler(model, policy, **kwargs, schedule="llada")
     out: dict[str, list[dict[str, Any]]] = {}
     for task in tasks:
         base = split_seed(f"waiting_line/{task}", split)
