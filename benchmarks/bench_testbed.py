@@ -37,6 +37,9 @@ RESULTS = Path(__file__).parent / "results"
 #: seeded logit noise and name confusion, so margins and entropies are graded as in a model
 CALIBRATED = {"floor": 1e-6, "temperature": 1.5, "noise": 0.25, "confusion": 0.01, "seed": 0}
 
+#: Window-Diffusion scaled to G = 16 (the scripts' W 64 / A 16 / R 32 at G = 256, kept >= 2)
+WINDOW = {"window_tokens": 8, "active_tokens": 2, "refresh_every": 4}
+
 # (family, label, policy, sampler/policy kwargs); the first row is the baseline
 CONFIGS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("low_confidence", "k=1", "low_confidence", {"steps": 16}),
@@ -44,6 +47,11 @@ CONFIGS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("low_confidence", "k=4", "low_confidence", {"steps": 4}),
     ("low_confidence", "k=8", "low_confidence", {"steps": 2}),
     ("random", "k=1", "random", {"steps": 16}),
+    ("entropy", "k=1", "entropy", {"steps": 16}),
+    ("entropy", "k=4", "entropy", {"steps": 4}),
+    ("topk_margin", "k=1", "topk_margin", {"steps": 16}),
+    ("topk_margin", "k=4", "topk_margin", {"steps": 4}),
+    ("origin", "Dream grid, 16 steps", "origin", {"steps": 16}),
     ("threshold", "tau=0.95", "threshold", {"tau": 0.95}),
     ("threshold", "tau=0.9", "threshold", {"tau": 0.9}),
     ("threshold", "tau=0.7", "threshold", {"tau": 0.7}),
@@ -66,6 +74,9 @@ CONFIGS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("ccd", "default", "ccd", {"steps": 16}),
     ("ete", "default", "ete", {}),
     ("eotp", "k=1", "eotp", {"steps": 16}),
+    ("learn2pd", "k=1 + filter", "learn2pd", {"steps": 16}),
+    ("window", "W8/A2/R4", "window", {"steps": 16, **WINDOW}),
+    ("window_dream", "W8/A2/R4", "window_dream", {"steps": 16, **WINDOW}),
     ("sched+threshold", "tau=0.9, tau_low=2.5", "sched", {"base": "threshold", "tau": 0.9}),
     ("threshold+eotp", "tau=0.9", "threshold+eotp", {"tau": 0.9}),
 ]
@@ -88,6 +99,25 @@ def policy_of(policy: str, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]
 
         return with_eotp(make_policy("threshold", tau=kwargs["tau"])), {}
     return policy, kwargs
+
+
+def skip_reason(model: Any, policy: str) -> str | None:
+    """Why ``policy`` does not apply to ``model`` (``None``: it does)."""
+    if policy in ("window", "window_dream"):
+        try:
+            model.new_cache(1, 1)
+        except (AttributeError, NotImplementedError):
+            return "no K/V cache (Window-Diffusion runs on cache='window')"
+    if policy == "learn2pd":
+        from dllm_decode.policies.learn2pd_filter import find_bundled_filter
+
+        try:
+            found = find_bundled_filter(model, G)
+        except (AttributeError, TypeError, ValueError):
+            found = None
+        if found is None:
+            return f"no Learn2PD filter (learn2pd_k{G}) bundled for this model"
+    return None
 
 
 def stratified_means(valid: torch.Tensor, n_tasks: int, gen: torch.Generator,
@@ -135,6 +165,10 @@ def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
         model = load(name)
         base = None
         for family, label, policy, kwargs in CONFIGS:
+            reason = skip_reason(model, policy)
+            if reason is not None:
+                print(f"{name:14s} {family:18s} {label:22s} skipped: {reason}", flush=True)
+                continue
             pol, kw = policy_of(policy, kwargs)
             t0 = time.thread_time()
             rows = decode_tasks(model, oracle, n, seed=seed, policy=pol, **kw)

@@ -391,3 +391,14 @@ def test_word_level_prompts_through_the_text_api(one_thread: None) -> None:
     assert " ".join(out.texts[0].split()) == expected
     with pytest.raises(ValueError, match="outside this tokenizer's vocabulary"):
         generate_text(sampler, tok, "<copy> [ Nobody Here ] <answer>")
+
+
+def test_task_weight_overrides_the_draw_weights() -> None:
+    from dllm_decode.train.distill import DistillConfig
+
+    weights = DistillConfig(random_weight=3.0, task_weight="insert_random=8, copy=0").task_weights()
+    assert weights["insert_random"] == 8.0 and weights["copy"] == 0.0
+    assert weights["shuffle"] == 3.0 and weights["remove_random"] == 1.0
+    for bad in ("sort=2", "insert_random", "shuffle=-1", "shuffle=x"):
+        with pytest.raises(ValueError, match="task_weight"):
+            DistillConfig(task_weight=bad)

@@ -174,3 +174,24 @@ def test_cli_task_generator(tmp_path) -> None:
     shots = [task_prompts(model_dir, 2, tasks=["waiting_line/copy"], icl_examples=k)
              for k in (0, 1)]
     assert all(len(a) < len(b) for a, b in zip(*shots, strict=True))  # demonstrations dropped
+
+
+def test_task_generator_on_a_test_bed_checkpoint_uses_its_word_level_prompts(tmp_path) -> None:
+    """A test-bed checkpoint gets test-bed records (train split) in its own format, and a
+    Dream-family reference decode can run on the even split (one commit per step)."""
+    from dllm_decode.models.loading import resolve_path
+    from dllm_decode.train.learn2pd_cli import task_prompts
+    from dllm_decode.train.testbed import codec_for, waiting_line_records
+
+    directory = resolve_path("testbed-dream")
+    codec = codec_for(directory)
+    prompts = task_prompts(directory, 4, tasks=["waiting_line/shuffle", "copy"])
+    first = waiting_line_records("shuffle", 2, split="train")[0]
+    assert len(prompts) == 4 and prompts[0] == codec.encode_prompt("shuffle", first)
+    assert codec.decode(prompts[1]).startswith("<copy>")
+    with pytest.raises(ValueError, match="unknown task"):
+        task_prompts(directory, 2, tasks=["waiting_line/sort_by_age"])
+    model = load_model(directory)
+    samples, stats = generate_egp_samples(model, prompts[:2], gen_length=16, block_length=16,
+                                          steps=16, schedule="llada")
+    assert stats["prompts"] == 2 and len(samples) > 0

@@ -94,6 +94,8 @@ class DistillConfig:
     grow_from: str = ""
     eos_cut_frac: float = 0.0
     onpolicy_frac: float = 0.0
+    #: per-task draw weights overriding the defaults, ``"insert_random=8,shuffle=4"``
+    task_weight: str = ""
 
     def __post_init__(self) -> None:
         if self.family not in ("llada", "dream", "sdar"):
@@ -106,12 +108,35 @@ class DistillConfig:
             raise ValueError(f"eos_cut_frac must lie in [0, 1], got {self.eos_cut_frac}")
         if not 0 <= self.onpolicy_frac <= 1:
             raise ValueError(f"onpolicy_frac must lie in [0, 1], got {self.onpolicy_frac}")
+        parse_task_weights(self.task_weight)  # raises on a bad spec
         if self.grow_from and not Path(self.grow_from).is_file():
             raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
 
     def task_weights(self) -> dict[str, float]:
-        return {t: self.random_weight if t in RANDOM_TASKS and t != "remove_random" else 1.0
-                for t in TESTBED_TASKS}
+        """Draw weight per task: ``random_weight`` for the three random tasks whose answers
+        are not unique per position, 1 otherwise, then the ``task_weight`` overrides."""
+        out = {t: self.random_weight if t in RANDOM_TASKS and t != "remove_random" else 1.0
+               for t in TESTBED_TASKS}
+        return out | parse_task_weights(self.task_weight)
+
+
+def parse_task_weights(spec: str) -> dict[str, float]:
+    """``"insert_random=8,shuffle=4"`` -> ``{"insert_random": 8.0, "shuffle": 4.0}``."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        task, sep, value = part.partition("=")
+        if not sep or task not in TESTBED_TASKS:
+            raise ValueError(f"task_weight: expected TASK=WEIGHT with TASK in "
+                             f"{list(TESTBED_TASKS)}, got {part!r}")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not weight >= 0:
+            raise ValueError(f"task_weight: weight of {task!r} must be a number >= 0, "
+                             f"got {value!r}")
+        out[task] = weight
+    return out
 
 
 def lr_at(step: int, cfg: DistillConfig) -> float:

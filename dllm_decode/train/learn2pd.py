@@ -164,9 +164,12 @@ def pad_left(prompts: Sequence[Sequence[int]], pad_id: int) -> tuple[Tensor, Ten
 def generate_egp_samples(model: Any, prompts: Sequence[Sequence[int]], *, gen_length: int,
                          block_length: int, steps: int | None = None, feature: str | None = None,
                          batch_size: int = 8, cache: str = "none",
-                         reference_policy: str = "low_confidence"
+                         reference_policy: str = "low_confidence", schedule: str | None = None
                          ) -> tuple[L2PSamples, dict[str, Any]]:
     """Reference decode + EGP replay for every prompt; returns the samples and statistics.
+
+    ``schedule`` is the reference decode's budget rule (``None``: the family's; ``"llada"``
+    gives a Dream-family model exactly ``block_length / steps`` commits per step).
 
     Raises ``RuntimeError`` if a replay does not reproduce its reference (an oracle bug).
     """
@@ -175,7 +178,8 @@ def generate_egp_samples(model: Any, prompts: Sequence[Sequence[int]], *, gen_le
     pad_id = getattr(spec, "pad_token_id", None)
     pad_id = int(pad_id if pad_id is not None else model.eos_token_ids[0])
     common = dict(gen_length=gen_length, block_length=block_length, temperature=0.0)
-    ref_sampler = DiffusionSampler(model, reference_policy, cache=cache, steps=steps, **common)
+    ref_sampler = DiffusionSampler(model, reference_policy, cache=cache, steps=steps,
+                                   schedule=schedule, **common)
     feats: list[Tensor] = []
     labels: list[Tensor] = []
     step_ids: list[Tensor] = []

@@ -13,6 +13,7 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from dllm_decode.policies.learn2pd import (
     DEFAULT_ACCEPT_THRES,
@@ -49,7 +50,17 @@ def task_prompts(model_dir: Path, n: int, seed: int = 0, tasks: Sequence[str] | 
                  icl_examples: int = 1) -> list[list[int]]:
     """``n`` prompts from generated ParallelBench tasks (train split), encoded with the
     tokenizer in ``model_dir`` (round-robin over ``tasks``, default every generator task), with
-    ``icl_examples`` demonstrations each (0 for the zero-shot bundled tiny checkpoints)."""
+    ``icl_examples`` demonstrations each (0 for the zero-shot bundled tiny checkpoints).
+
+    A word-level test-bed checkpoint (``waiting_line_vocab.json`` beside it) gets its own
+    prompt format instead: test-bed records (name pool, lists of 3-5, train split) encoded by
+    its codec (default tasks: the nine it was trained on; ``icl_examples`` does not apply).
+    """
+    from dllm_decode.train.testbed import codec_for
+
+    codec_tb = codec_for(model_dir)
+    if codec_tb is not None:
+        return _testbed_prompts(codec_tb, n, seed, tasks)
     try:
         from dllm_decode.eval.parallelbench.codec import TokenizerCodec
         from dllm_decode.eval.parallelbench.generate import TASKS, generate_task, split_seed
@@ -69,6 +80,24 @@ def task_prompts(model_dir: Path, n: int, seed: int = 0, tasks: Sequence[str] | 
     return [codec.encode(t, records[t][i]) for t, i in order]
 
 
+def _testbed_prompts(codec: Any, n: int, seed: int, tasks: Sequence[str] | None
+                     ) -> list[list[int]]:
+    """``n`` word-level prompts, round-robin over test-bed ``tasks`` (train split)."""
+    from dllm_decode.eval.parallelbench.generate import split_seed
+    from dllm_decode.train.testbed import TESTBED_TASKS, waiting_line_records
+
+    names = [t.removeprefix("waiting_line/") for t in (tasks or TESTBED_TASKS)]
+    unknown = sorted(set(names) - set(TESTBED_TASKS))
+    if unknown:
+        raise ValueError(f"test-bed checkpoint: unknown task(s) {unknown}; "
+                         f"allowed: {list(TESTBED_TASKS)}")
+    per = -(-n // len(names))
+    records = {t: waiting_line_records(t, per, split_seed(f"waiting_line/{t}", "train") + seed,
+                                       split="train") for t in names}
+    order = [(t, i) for i in range(per) for t in names][:n]
+    return [codec.encode_prompt(t, records[t][i]) for t, i in order]
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Options of ``dllm-decode train learn2pd``."""
     a = parser.add_argument
@@ -85,6 +114,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     a("--gen-length", type=int, default=256)
     a("--block-length", type=int, default=32)
     a("--steps", type=int, default=None, help="reference decode steps (default: gen length)")
+    a("--schedule", choices=("llada", "dream"), default=None,
+      help="reference budget rule (default: the family's; llada: an even split per step)")
     a("--feature", default=None, help="llada_prob_all | dream_negent_masked (default: family)")
     a("--iters", type=int, default=PAPER_ITERS)
     a("--lr", type=float, default=PAPER_LR)
@@ -120,7 +151,7 @@ def run(args: argparse.Namespace) -> int:
                              f"gen length {args.gen_length}")
         samples, stats = generate_egp_samples(
             model, fits, gen_length=args.gen_length, block_length=k, steps=args.steps,
-            feature=feature, batch_size=args.batch_size)
+            feature=feature, batch_size=args.batch_size, schedule=args.schedule)
         stats["skipped_too_long"] = len(prompts) - len(fits)
         if args.save_samples:
             samples.save(args.save_samples)
@@ -132,7 +163,8 @@ def run(args: argparse.Namespace) -> int:
                                   log=lambda s: print(s, file=sys.stderr))
     report["seconds"] = round(time.perf_counter() - t1, 2)
     training = {"data": {**stats, "gen_length": args.gen_length, "block_length": k,
-                         "steps": args.steps or args.gen_length, "reference": "low_confidence"},
+                         "steps": args.steps or args.gen_length, "reference": "low_confidence",
+                         "schedule": args.schedule or "family default"},
                 **report, "command": "dllm-decode train learn2pd "
                 + shlex.join(getattr(args, "argv", None) or sys.argv[1:])}
     card = FilterCard(block_length=k, feature=feature, fingerprint=ModelFingerprint.of(model),
