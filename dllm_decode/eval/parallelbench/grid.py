@@ -31,6 +31,11 @@ Grid file (every key optional except ``sweeps``)::
 max_tokens, or an int). A config is skipped (and reported) when ``k`` does not divide
 ``gen_length``, the block length does not divide it, or ``steps`` is not a positive multiple
 of the block count (the v1 validity rules).
+
+``tokens_per_step`` sets the step count; the per-step budget rule is the model family's (a
+Dream model uses Dream's time grid, which at ``steps = G`` commits no token in the first step
+and two in the last, as Dream's own sampler does). ``params`` may also set ``SamplerConfig``
+fields, e.g. ``params: {schedule: llada}`` for exactly ``k`` per step on any family.
 """
 
 from __future__ import annotations
