@@ -45,15 +45,16 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     kwargs = {"gen_length": g, "block_length": None, "steps": g, "temperature": 0.0}
     kwargs |= sampler_kwargs
     sampler = DiffusionSampler(model, policy, **kwargs)
-    if "schedule" not in kwargs and sampler.capabilities.selector.preferred_schedule is None:
-        sampler = DiffusionSampler(model, policy, **kwargs, schedule="llada")
+    # the even split unless the caller or the policy (Dream's ``origin``) names a schedule
+    named = sampler.config.schedule or sampler.capabilities.selector.preferred_schedule
+    even = {} if named else {"schedule": "llada"}
     out: dict[str, list[dict[str, Any]]] = {}
     for task in tasks:
         base = split_seed(f"waiting_line/{task}", split)
         records = waiting_line_records(task, n, base + (seed or 0), split=split)
         prompts = [oracle.encode_prompt(task, r) for r in records]
         ids, attn = left_pad(prompts, oracle.pad_token_id)  # block models align themselves
-        gen = sampler.generate(ids, attn)
+        gen = sampler.generate(ids, attn, **even)
         rows = []
         for rec, answer, nfe in zip(records, gen.answer.tolist(), gen.nfe.tolist(), strict=True):
             text = oracle.decode(answer)
