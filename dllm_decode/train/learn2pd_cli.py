@@ -11,7 +11,7 @@ import json
 import shlex
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -72,12 +72,20 @@ def task_prompts(model_dir: Path, n: int, seed: int = 0, tasks: Sequence[str] | 
     from transformers import AutoTokenizer
 
     codec = TokenizerCodec(AutoTokenizer.from_pretrained(str(model_dir)))
-    names = list(tasks or TASKS)
+    return _round_robin(
+        list(tasks or TASKS), n, codec.encode,
+        lambda t, per: generate_task(t, per, split_seed(t, "train") + seed, split="train",
+                                     icl_examples=icl_examples))
+
+
+def _round_robin(names: Sequence[str], n: int, encode: Callable[[str, Any], list[int]],
+                 draw: Callable[[str, int], list[Any]]) -> list[list[int]]:
+    """``n`` prompts ``encode(task, record)``, taken round-robin over ``names`` from
+    ``draw(task, per)`` (``per`` records drawn per task)."""
     per = -(-n // len(names))
-    records = {t: generate_task(t, per, split_seed(t, "train") + seed, split="train",
-                                icl_examples=icl_examples) for t in names}
+    records = {t: draw(t, per) for t in names}
     order = [(t, i) for i in range(per) for t in names][:n]
-    return [codec.encode(t, records[t][i]) for t, i in order]
+    return [encode(t, records[t][i]) for t, i in order]
 
 
 def _testbed_prompts(codec: Any, n: int, seed: int, tasks: Sequence[str] | None
@@ -91,11 +99,10 @@ def _testbed_prompts(codec: Any, n: int, seed: int, tasks: Sequence[str] | None
     if unknown:
         raise ValueError(f"test-bed checkpoint: unknown task(s) {unknown}; "
                          f"allowed: {list(TESTBED_TASKS)}")
-    per = -(-n // len(names))
-    records = {t: waiting_line_records(t, per, split_seed(f"waiting_line/{t}", "train") + seed,
-                                       split="train") for t in names}
-    order = [(t, i) for i in range(per) for t in names][:n]
-    return [codec.encode_prompt(t, records[t][i]) for t, i in order]
+    return _round_robin(
+        names, n, codec.encode_prompt,
+        lambda t, per: waiting_line_records(t, per, split_seed(f"waiting_line/{t}", "train")
+                                            + seed, split="train"))
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
