@@ -1,0 +1,91 @@
+"""Settings of a test-bed distillation run (``dllm-decode train testbed``; every field is a
+``--flag``) and the per-task draw weights they imply."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from dllm_decode.train.testbed import RANDOM_TASKS, TESTBED_TASKS
+
+
+@dataclass(frozen=True)
+class DistillConfig:
+    """Settings of one distillation run (every field is a ``--flag``)."""
+
+    family: str = "llada"
+    out: str = "runs/testbed"
+    steps: int = 12000
+    batch_size: int = 32
+    lr: float = 2e-3
+    warmup: int = 200
+    min_lr_ratio: float = 0.05
+    weight_decay: float = 0.01
+    grad_clip: float = 1.0
+    hidden: int = 128
+    layers: int = 3
+    heads: int = 4
+    intermediate: int = 512
+    block_size: int = 4
+    suffix_frac: float = 0.4
+    structure_frac: float = 0.3
+    random_weight: float = 2.0
+    warm_steps: int = 0
+    scramble_steps: int = 0
+    scramble_items: int = 4
+    scramble_fixed: int = 0
+    tie_embeddings: bool = False
+    max_pad: int = 3
+    seed: int = 0
+    threads: int = 1
+    log_every: int = 50
+    eval_every: int = 1000
+    eval_size: int = 12
+    ckpt_every: int = 250
+    resume: bool = False
+    grow_from: str = ""
+    eos_cut_frac: float = 0.0
+    onpolicy_frac: float = 0.0
+    #: per-task draw weights overriding the defaults, ``"insert_random=8,shuffle=4"``
+    task_weight: str = ""
+
+    def __post_init__(self) -> None:
+        if self.family not in ("llada", "dream", "sdar"):
+            raise ValueError(f"family must be llada, dream or sdar, got {self.family!r}")
+        if not 0 <= self.suffix_frac + self.structure_frac <= 1:
+            raise ValueError("suffix_frac + structure_frac must lie in [0, 1]")
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError("steps and batch_size must be >= 1")
+        if not 0 <= self.eos_cut_frac <= 1:
+            raise ValueError(f"eos_cut_frac must lie in [0, 1], got {self.eos_cut_frac}")
+        if not 0 <= self.onpolicy_frac <= 1:
+            raise ValueError(f"onpolicy_frac must lie in [0, 1], got {self.onpolicy_frac}")
+        parse_task_weights(self.task_weight)  # raises on a bad spec
+        if self.grow_from and not Path(self.grow_from).is_file():
+            raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
+
+    def task_weights(self) -> dict[str, float]:
+        """Draw weight per task: ``random_weight`` for the three random tasks whose answers
+        are not unique per position, 1 otherwise, then the ``task_weight`` overrides."""
+        out = {t: self.random_weight if t in RANDOM_TASKS and t != "remove_random" else 1.0
+               for t in TESTBED_TASKS}
+        return out | parse_task_weights(self.task_weight)
+
+
+def parse_task_weights(spec: str) -> dict[str, float]:
+    """``"insert_random=8,shuffle=4"`` -> ``{"insert_random": 8.0, "shuffle": 4.0}``."""
+    out: dict[str, float] = {}
+    for part in filter(None, (p.strip() for p in spec.split(","))):
+        task, sep, value = part.partition("=")
+        if not sep or task not in TESTBED_TASKS:
+            raise ValueError(f"task_weight: expected TASK=WEIGHT with TASK in "
+                             f"{list(TESTBED_TASKS)}, got {part!r}")
+        try:
+            weight = float(value)
+        except ValueError:
+            weight = -1.0
+        if not weight >= 0:
+            raise ValueError(f"task_weight: weight of {task!r} must be a number >= 0, "
+                             f"got {value!r}")
+        out[task] = weight
+    return out
