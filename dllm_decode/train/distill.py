@@ -192,7 +192,7 @@ def command_line(cfg: DistillConfig) -> str:
 
 def distill(cfg: DistillConfig) -> dict[str, Any]:
     """Run or resume a distillation run; returns the ``run.json`` summary."""
-    from dllm_decode.train.testbed_eval import evaluate_testbed, export_testbed
+    from dllm_decode.train.testbed_eval import EVEN_SPLIT, evaluate_testbed, export_testbed
 
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
@@ -261,7 +261,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
     summary = {"command": command_line(cfg), "config": dataclasses.asdict(cfg),
                "parameters": params, "vocab_size": oracle.vocab_size, "steps_done": cfg.steps,
                "wall_s": round(wall, 1), "threads": torch.get_num_threads(),
-               "versions": {"torch": torch.__version__}}
+               "eval_schedule": EVEN_SPLIT, "versions": {"torch": torch.__version__}}
     model.eval()
     export_testbed(untie(model), oracle, out / "model")
     (out / "run.json").write_text(json.dumps(summary, indent=2) + "\n")

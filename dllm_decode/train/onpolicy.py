@@ -47,6 +47,7 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     Returns: ``(tokens, valid, masked, targets)``, new tensors (the inputs are not modified).
     """
     from dllm_decode.samplers.sampler import DiffusionSampler
+    from dllm_decode.train.testbed_eval import EVEN_SPLIT
 
     b, g = masked.shape
     n = round(frac * b)
@@ -59,10 +60,10 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     training = model.training
     model.eval()
     try:
-        # schedule "llada": exactly one commit per step for every family (Dream's time grid
-        # commits none at the first step and two at the last when steps == g)
+        # exactly one commit per step for every family (Dream's time grid commits none at the
+        # first step and two at the last when steps == g)
         out = DiffusionSampler(model, "low_confidence", gen_length=g, steps=g, block_length=None,
-                               temperature=0.0, schedule="llada").generate(
+                               temperature=0.0, schedule=EVEN_SPLIT).generate(
             tokens[rows, :p], valid[rows, :p].long())
     finally:
         model.train(training)

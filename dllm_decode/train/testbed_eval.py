@@ -17,6 +17,10 @@ from dllm_decode.train.testbed import (
     write_tokenizer,
 )
 
+#: the budget rule of test-bed decodes (evaluations, on-policy rollouts): the even split, i.e.
+#: exactly ``G / steps`` commits per step on every family (recorded in a run's ``run.json``)
+EVEN_SPLIT = "llada"
+
 
 @torch.no_grad()
 def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | None = None,
@@ -47,7 +51,7 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     sampler = DiffusionSampler(model, policy, **kwargs)
     # the even split unless the caller or the policy (Dream's ``origin``) names a schedule
     named = sampler.config.schedule or sampler.capabilities.selector.preferred_schedule
-    even = {} if named else {"schedule": "llada"}
+    even = {} if named else {"schedule": EVEN_SPLIT}
     out: dict[str, list[dict[str, Any]]] = {}
     for task in tasks:
         base = split_seed(f"waiting_line/{task}", split)
