@@ -25,7 +25,7 @@ from typing import Any
 import torch
 
 from dllm_decode.train.testbed import DETERMINISTIC_TASKS, TESTBED_TASKS, waiting_line_oracle
-from dllm_decode.train.testbed_eval import decode_tasks
+from dllm_decode.train.testbed_eval import ambiguous_state_fit, decode_tasks
 
 RESULTS = Path(__file__).parent / "results"
 KS = (1, 4, 8)
@@ -73,6 +73,31 @@ def table(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
             row["target_met_random_ties"] = target_met(row, "oracle_ties_k", det)
             out.append(row)
     return out
+
+
+def fit_rows(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
+    """``ambiguous_state_fit`` of each model (``oracle``: the exact oracle) on the random tasks:
+    why its parallel cells land where they do."""
+    from dllm_decode import load_model
+
+    torch.set_num_threads(1)
+    oracle = waiting_line_oracle()
+    out = []
+    for name in models:
+        model = oracle if name == "oracle" else load_model(name)
+        for task in (t for t in TESTBED_TASKS if t not in DETERMINISTIC_TASKS):
+            fit = ambiguous_state_fit(model, oracle, n, task, seed=seed)
+            out.append({"model": name, "task": task, "n": n, "seed": seed,
+                        **{k: round(v, 4) for k, v in fit.items()}})
+    return out
+
+
+def fit_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | task | masked positions / prompt | KL(oracle, model) nats | "
+             "argmax not the oracle's % | prompts with one % |", "|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['task']} | {r['positions']:.2f} | {abs(r['kl']):.3f} | "
+              f"{100 * r['argmax_miss']:.1f} | {100 * r['prompts_missed']:.0f} |" for r in rows]
+    return "\n".join(lines)
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -161,20 +186,34 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--card", nargs=2, action="append", default=[], metavar=("MODEL", "RUNS"),
                     help="write MODEL's card (README.md in its directory) from its training "
                          "run dirs RUNS (comma-separated, oldest stage first)")
+    ap.add_argument("--fit", action="store_true",
+                    help="instead: each model's fit to the oracle at the random tasks' ambiguous "
+                         "states (train.testbed_eval.ambiguous_state_fit; 'oracle' names the "
+                         "exact oracle), written to results/TAG_fit.csv")
     args = ap.parse_args(argv)
+    if args.fit:
+        fits = fit_rows(args.models, args.n, args.seed)
+        write_rows(fits, RESULTS / f"{args.tag}_fit.csv")
+        print(fit_markdown(fits))
+        return 0
     rows = table(args.models, args.n, args.seed)
     for name, run_dir in args.card:
         from dllm_decode.models.loading import resolve_path
 
         dirs = [Path(d) for d in run_dir.split(",")]
         (resolve_path(name) / "README.md").write_text(model_card(name, dirs, rows))
-    RESULTS.mkdir(exist_ok=True)
-    with (RESULTS / f"{args.tag}.csv").open("w", newline="") as fh:
+    write_rows(rows, RESULTS / f"{args.tag}.csv")
+    print(markdown(rows))
+    return 0
+
+
+def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """``rows`` as a CSV at ``path`` (replaced), columns in the first row's order."""
+    path.parent.mkdir(exist_ok=True)
+    with path.open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
-    print(markdown(rows))
-    return 0
 
 
 if __name__ == "__main__":

@@ -101,3 +101,23 @@ def test_testbed_model_card_lists_every_training_stage(tmp_path) -> None:
     assert "2. `dllm-decode train testbed --stage 1`" in card
     assert "100,0.1" in card
     assert "| m | copy | 100 | 100 | 100 | 100 / 100 / 100 | 100 / 100 | met | met |" in card
+
+
+def test_testbed_parallel_fit_writes_the_oracle_fit(tmp_path, capsys) -> None:
+    """``--fit``: one row per random task, the exact oracle fitting itself (KL 0, no misses)."""
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_parallel.py"
+    spec = importlib.util.spec_from_file_location("testbed_parallel_fit", path)
+    tp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tp)
+    tp.RESULTS = tmp_path
+    assert tp.main(["--fit", "--models", "oracle", "--n", "3", "--tag", "t"]) == 0
+    rows = list(csv.DictReader((tmp_path / "t_fit.csv").open()))
+    assert [r["task"] for r in rows] == ["shuffle", "insert_random", "replace_random",
+                                         "remove_random"]
+    assert all(abs(float(r["kl"])) < 1e-4 and float(r["argmax_miss"]) == 0 for r in rows)
+    assert all(float(r["positions"]) > 0 for r in rows)
+    assert "| oracle | insert_random |" in capsys.readouterr().out

@@ -289,6 +289,52 @@ def test_onpolicy_rows_follow_the_students_greedy_decode_and_stay_consistent(nam
         DistillConfig(onpolicy_frac=2.0)
 
 
+def test_onpolicy_rows_of_a_parallel_decode_keep_whole_steps() -> None:
+    """``per_step=4``: the states of a 4-tokens-per-step decode (G = 16: four steps), each
+    keeping the first j steps' commits of the student's own parallel decode."""
+    from dllm_decode import DiffusionSampler, load_model
+    from dllm_decode.train.distill import DistillConfig, make_batch
+    from dllm_decode.train.onpolicy import onpolicy_rows
+
+    oracle = waiting_line_oracle()
+    model = load_model("testbed-llada")
+    tokens, valid, masked, targets, p = make_batch(DistillConfig(batch_size=12), oracle, 5)
+    t2, v2, m2, _ = onpolicy_rows(model, oracle, 1.0, 4, tokens, valid, masked, targets, p,
+                                  per_step=4)
+    mask_id = oracle.mask_token_id
+    counts = set()
+    for i in range(12):
+        prompt = t2[i:i + 1, :p][v2[i:i + 1, :p]][None]
+        decode = DiffusionSampler(model, "low_confidence", gen_length=16, steps=4,
+                                  block_length=16, schedule="llada").generate(prompt)
+        known = t2[i, p:] != mask_id
+        j = int(known.sum()) // 4
+        assert int(known.sum()) == 4 * j  # whole steps only
+        assert torch.equal(known, decode.commit_step[0] < j)
+        assert torch.equal(t2[i, p:][known], decode.answer[0][known])
+        assert torch.equal(m2[i], ~known)
+        counts.add(j)
+    assert len(counts) > 1  # states after different numbers of steps
+    with pytest.raises(ValueError, match="onpolicy_k must be >= 1"):
+        DistillConfig(onpolicy_k=0)
+
+
+def test_ambiguous_state_fit_is_zero_for_the_oracle_and_measures_a_students_error() -> None:
+    """The oracle fits its own ambiguous states exactly; a learned model does not (the
+    test-bed students misrank the contested names of insert_random); a deterministic task has
+    no ambiguous position."""
+    from dllm_decode import load_model
+    from dllm_decode.train.testbed_eval import ambiguous_state_fit
+
+    oracle = waiting_line_oracle()
+    exact = ambiguous_state_fit(oracle, oracle, 8, "insert_random", seed=3)
+    assert exact["positions"] >= 4 and abs(exact["kl"]) < 1e-4
+    assert exact["argmax_miss"] == exact["prompts_missed"] == 0.0
+    student = ambiguous_state_fit(load_model("testbed-llada"), oracle, 8, "insert_random", seed=3)
+    assert student["positions"] == exact["positions"] and student["kl"] > 0.01
+    assert ambiguous_state_fit(oracle, oracle, 4, "copy")["positions"] == 0.0
+
+
 def test_decode_tasks_commits_one_token_per_step_for_every_family(one_thread: None) -> None:
     """``steps = G`` is one token per step for a Dream-family model too (the even split), not
     Dream's time grid, whose last step commits two names at once on a random task."""

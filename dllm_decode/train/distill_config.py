@@ -46,6 +46,9 @@ class DistillConfig:
     grow_from: str = ""
     eos_cut_frac: float = 0.0
     onpolicy_frac: float = 0.0
+    #: tokens per step of the on-policy rollouts (1: one token per step; 4 / 8: the states a
+    #: parallel ``low_confidence`` decode visits, where its joint commits are decided)
+    onpolicy_k: int = 1
     #: per-task draw weights overriding the defaults, ``"insert_random=8,shuffle=4"``
     task_weight: str = ""
 
@@ -60,6 +63,8 @@ class DistillConfig:
             raise ValueError(f"eos_cut_frac must lie in [0, 1], got {self.eos_cut_frac}")
         if not 0 <= self.onpolicy_frac <= 1:
             raise ValueError(f"onpolicy_frac must lie in [0, 1], got {self.onpolicy_frac}")
+        if self.onpolicy_k < 1:
+            raise ValueError(f"onpolicy_k must be >= 1, got {self.onpolicy_k}")
         parse_task_weights(self.task_weight)  # raises on a bad spec
         if self.grow_from and not Path(self.grow_from).is_file():
             raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")

@@ -28,12 +28,14 @@ from dllm_decode.models.oracle import WaitingLineOracle
 
 def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
                   tokens: Tensor, valid: Tensor, masked: Tensor, targets: Tensor,
-                  prompt_width: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                  prompt_width: int, *,
+                  per_step: int = 1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A batch with ``round(frac * B)`` rows replaced by on-policy states (see the module).
 
     The states come from the library's own decode (``DiffusionSampler`` with
-    ``low_confidence``, one token per step, one block, greedy): the state after ``j`` commits
-    keeps the positions committed in its first ``j`` steps.
+    ``low_confidence``, ``per_step`` tokens per step (fixed steps, ``ceil(G / per_step)``),
+    one block, greedy): the state after ``j`` steps keeps the positions committed in its first
+    ``j`` steps.
 
     Args:
         model: the student (put in eval mode for the decode, then restored).
@@ -43,6 +45,7 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
         tokens, valid: ``[B, P + G]`` the batch canvas and key validity (``make_batch``).
         masked: ``[B, G]`` bool masked answer positions; ``targets``: ``[B, G, V]`` float32.
         prompt_width: ``P``, where the answer region starts.
+        per_step: tokens committed per rollout step (the even split of ``G`` over the steps).
 
     Returns: ``(tokens, valid, masked, targets)``, new tensors (the inputs are not modified).
     """
@@ -56,26 +59,28 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     mask_id, p = oracle.mask_token_id, prompt_width
     gen = torch.Generator().manual_seed(seed)
     rows = torch.randperm(b, generator=gen)[:n]
-    stop = torch.randint(0, g, (n,), generator=gen)  # commits to keep per row
+    steps = -(-g // per_step)
+    stop = torch.randint(0, steps, (n,), generator=gen)  # steps to keep per row
     training = model.training
     model.eval()
     try:
-        # exactly one commit per step for every family (Dream's time grid commits none at the
-        # first step and two at the last when steps == g)
-        out = DiffusionSampler(model, "low_confidence", gen_length=g, steps=g, block_length=None,
+        # the even split for every family (Dream's time grid commits none at the first step
+        # and two at the last when steps == g)
+        out = DiffusionSampler(model, "low_confidence", gen_length=g, steps=steps,
+                               block_length=None,
                                temperature=0.0, schedule=EVEN_SPLIT).generate(
             tokens[rows, :p], valid[rows, :p].long())
     finally:
         model.train(training)
-    # states[j] keeps the commits of the first j steps: [n, G + 1, G]
-    first = torch.arange(g + 1)[None, :, None]
+    # states[j] keeps the commits of the first j steps: [n, steps + 1, G]
+    first = torch.arange(steps + 1)[None, :, None]
     order = out.commit_step[:, None, :]
     states = torch.where((order >= 0) & (order < first), out.answer[:, None, :], mask_id)
     prompts = [tokens[i, :p][valid[i, :p]].tolist() for i in rows.tolist()]
     tables = [oracle.answer_table(prompt, g) for prompt in prompts]
     regions = []
     for row, table in enumerate(tables):
-        state = states[row]  # [G + 1, G]
+        state = states[row]  # [steps + 1, G]
         ok = ((table[None] == state[:, None]) | (state[:, None] == mask_id)).all(-1).any(-1)
         # stop before the first commit that no valid answer contains
         last_ok = int(ok.long().cumprod(0).sum()) - 1

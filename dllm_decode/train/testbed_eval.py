@@ -77,6 +77,54 @@ def evaluate_testbed(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int
     return scores
 
 
+@torch.no_grad()
+def ambiguous_state_fit(model: Any, oracle: WaitingLineOracle, n: int, task: str, *,
+                        seed: int | None = None, split: str = "test") -> dict[str, float]:
+    """How well ``model``'s conditionals match the oracle's at each prompt's *ambiguous
+    state*: every answer position on which all valid answers agree committed (list symbols,
+    EOS, determined names), the others masked.
+
+    That is the state a parallel decode of a random task reaches once the determined tokens are
+    in; from there the contested names are committed together from these marginals, so the
+    parallel accuracy at k = 4 / 8 follows from how they rank (the oracle: an original
+    neighbour on top at every middle slot of insert_random, hence 0 %).
+
+    Returns: ``kl`` the mean KL(oracle || model) in nats over the masked positions,
+    ``argmax_miss`` the share of masked positions whose model argmax is not among the
+    oracle's most likely tokens (ties within 1e-9), ``prompts_missed`` the share of prompts
+    with at least one such position, and ``positions`` the masked positions per prompt.
+    Each prompt runs alone (no padding), greedy logits with the mask token removed.
+    """
+    from dllm_decode.eval.parallelbench.generate import split_seed
+
+    g, mask_id = TESTBED_GEN_LENGTH, oracle.mask_token_id
+    base = split_seed(f"waiting_line/{task}", split)
+    records = waiting_line_records(task, n, base + (seed or 0), split=split)
+    kl = miss = positions = missed = 0.0
+    for record in records:
+        prompt = oracle.encode_prompt(task, record)
+        table = oracle.answer_table(prompt, g)
+        region = torch.where((table == table[0]).all(0), table[0], mask_id)  # [G]
+        q = oracle.marginals(table, region[None])[0]  # [G, V] float64
+        tokens = torch.tensor(prompt + region.tolist())[None]
+        logits = model(tokens, torch.arange(tokens.shape[1])[None])[0, len(prompt):]
+        logits = logits.double().index_fill(-1, torch.tensor([mask_id]), -torch.inf)
+        logp = torch.log_softmax(logits, -1)
+        open_ = region == mask_id
+        if not open_.any():
+            continue
+        q_open, logp_open = q[open_], logp[open_]
+        kl += float(torch.where(q_open > 0, q_open * (q_open.log() - logp_open), 0.0).sum())
+        best = q_open.gather(1, logp_open.argmax(-1, keepdim=True))[:, 0]
+        wrong = best < q_open.amax(-1) - 1e-9
+        miss += float(wrong.sum())
+        missed += float(wrong.any())
+        positions += float(open_.sum())
+    per = max(positions, 1.0)
+    return {"kl": kl / per, "argmax_miss": miss / per, "prompts_missed": missed / len(records),
+            "positions": positions / len(records)}
+
+
 def export_testbed(model: Any, oracle: WaitingLineOracle, directory: str | Path,
                    dtype: torch.dtype = torch.float16) -> int:
     """Write ``config.json`` + ``model.safetensors`` (``dtype``) + word-level tokenizer files.
