@@ -24,7 +24,12 @@ from typing import Any
 
 import torch
 
-from dllm_decode.train.testbed import DETERMINISTIC_TASKS, TESTBED_TASKS, waiting_line_oracle
+from dllm_decode.train.testbed import (
+    DETERMINISTIC_TASKS,
+    RANDOM_TASKS,
+    TESTBED_TASKS,
+    waiting_line_oracle,
+)
 from dllm_decode.train.testbed_eval import ambiguous_state_fit, decode_tasks
 
 RESULTS = Path(__file__).parent / "results"
@@ -85,7 +90,7 @@ def fit_rows(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
     out = []
     for name in models:
         model = oracle if name == "oracle" else load_model(name)
-        for task in (t for t in TESTBED_TASKS if t not in DETERMINISTIC_TASKS):
+        for task in RANDOM_TASKS:
             fit = ambiguous_state_fit(model, oracle, n, task, seed=seed)
             out.append({"model": name, "task": task, "n": n, "seed": seed,
                         **{k: round(v, 4) for k, v in fit.items()}})

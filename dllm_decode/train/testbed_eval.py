@@ -23,6 +23,17 @@ EVEN_SPLIT = "llada"
 
 
 @torch.no_grad()
+def held_out_prompts(oracle: WaitingLineOracle, task: str, n: int, seed: int | None = None,
+                     split: str = "test") -> tuple[list[dict[str, Any]], list[list[int]]]:
+    """``n`` records of ``task`` from ``split`` (its own generator seed, offset by ``seed``)
+    and their prompts in the oracle's format."""
+    from dllm_decode.eval.parallelbench.generate import split_seed
+
+    base = split_seed(f"waiting_line/{task}", split)
+    records = waiting_line_records(task, n, base + (seed or 0), split=split)
+    return records, [oracle.encode_prompt(task, r) for r in records]
+
+
 def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | None = None,
                  tasks: Sequence[str] = TESTBED_TASKS, policy: str = "low_confidence",
                  split: str = "test", **sampler_kwargs: Any) -> dict[str, list[dict[str, Any]]]:
@@ -41,7 +52,6 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     ``schedule="dream"`` to measure that schedule).
     """
     from dllm_decode import DiffusionSampler
-    from dllm_decode.eval.parallelbench.generate import split_seed
     from dllm_decode.eval.runner import left_pad
 
     g = TESTBED_GEN_LENGTH
@@ -54,9 +64,7 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     even = {} if named else {"schedule": EVEN_SPLIT}
     out: dict[str, list[dict[str, Any]]] = {}
     for task in tasks:
-        base = split_seed(f"waiting_line/{task}", split)
-        records = waiting_line_records(task, n, base + (seed or 0), split=split)
-        prompts = [oracle.encode_prompt(task, r) for r in records]
+        records, prompts = held_out_prompts(oracle, task, n, seed, split)
         ids, attn = left_pad(prompts, oracle.pad_token_id)  # block models align themselves
         gen = sampler.generate(ids, attn, **even)
         rows = []
@@ -95,25 +103,20 @@ def ambiguous_state_fit(model: Any, oracle: WaitingLineOracle, n: int, task: str
     with at least one such position, and ``positions`` the masked positions per prompt.
     Each prompt runs alone (no padding), greedy logits with the mask token removed.
     """
-    from dllm_decode.eval.parallelbench.generate import split_seed
-
     g, mask_id = TESTBED_GEN_LENGTH, oracle.mask_token_id
-    base = split_seed(f"waiting_line/{task}", split)
-    records = waiting_line_records(task, n, base + (seed or 0), split=split)
+    _, prompts = held_out_prompts(oracle, task, n, seed, split)
     kl = miss = positions = missed = 0.0
-    for record in records:
-        prompt = oracle.encode_prompt(task, record)
+    for prompt in prompts:
         table = oracle.answer_table(prompt, g)
         region = torch.where((table == table[0]).all(0), table[0], mask_id)  # [G]
+        open_ = region == mask_id
+        if not open_.any():  # a single valid answer: nothing contested, no forward
+            continue
         q = oracle.marginals(table, region[None])[0]  # [G, V] float64
         tokens = torch.tensor(prompt + region.tolist())[None]
         logits = model(tokens, torch.arange(tokens.shape[1])[None])[0, len(prompt):]
         logits = logits.double().index_fill(-1, torch.tensor([mask_id]), -torch.inf)
-        logp = torch.log_softmax(logits, -1)
-        open_ = region == mask_id
-        if not open_.any():
-            continue
-        q_open, logp_open = q[open_], logp[open_]
+        q_open, logp_open = q[open_], torch.log_softmax(logits, -1)[open_]
         kl += float(torch.where(q_open > 0, q_open * (q_open.log() - logp_open), 0.0).sum())
         best = q_open.gather(1, logp_open.argmax(-1, keepdim=True))[:, 0]
         wrong = best < q_open.amax(-1) - 1e-9
@@ -121,8 +124,8 @@ def ambiguous_state_fit(model: Any, oracle: WaitingLineOracle, n: int, task: str
         missed += float(wrong.any())
         positions += float(open_.sum())
     per = max(positions, 1.0)
-    return {"kl": kl / per, "argmax_miss": miss / per, "prompts_missed": missed / len(records),
-            "positions": positions / len(records)}
+    return {"kl": kl / per, "argmax_miss": miss / per, "prompts_missed": missed / len(prompts),
+            "positions": positions / len(prompts)}
 
 
 def export_testbed(model: Any, oracle: WaitingLineOracle, directory: str | Path,
