@@ -90,6 +90,7 @@ class StepGuard:
         self._track = torch.zeros((2, batch), dtype=torch.float64, device=device)
         self._reset = torch.tensor([[0.0], [self._DID]], dtype=torch.float64, device=device)
         self._keep_idle = torch.tensor([[1.0], [0.0]], dtype=torch.float64, device=device)
+        self._zero = torch.zeros((), dtype=torch.float64, device=device)
         self._flags: list[Tensor] = []
         self._limits: tuple[int, bool] = (0, False)  # the observed step's stall limit, last
         self._last_step: tuple[Any, ...] = ()  # the observed step's tensors
@@ -149,6 +150,32 @@ class StepGuard:
         self._flags = flags
         self._limits = (block_steps, last)
         self._last_step = (step, scores, live, at, commit, eligible, track)
+
+    def observe_topk(self, step: int, check: Tensor, commit: Tensor, eligible: Tensor,
+                     expected: Tensor, block_steps: int, at: Tensor | None = None) -> None:
+        """``observe`` for a top-k of the budget over ``eligible`` (``samplers.fused``): the
+        commit is a subset of eligible by construction, and every expected row commits (a
+        budget > 0 and an eligible position give at least one), so the progress record's
+        update is a select and its values cannot grow (the flags report 0 for both; the
+        previous step's values were checked at this step's sync).
+
+        Args:
+            check: ``[B, R]`` the proposal's LSE (finite iff the row's logits are usable; its
+                probability is then finite too), or the probability where no LSE was made;
+                ``[K]`` at the flattened canvas positions ``at`` (masked-rows scoring).
+            commit, eligible: ``[B, R]`` bool on the fed span (``[B, L]`` with ``at``);
+            expected: ``[B]`` bool.
+            block_steps: the stall limit (as ``observe``; never the block's last step).
+        """
+        zero = self._zero
+        flags = [check.sum(dtype=torch.float64), zero]
+        track = None
+        if not self.exempt_stall:
+            track = self._track = torch.where(expected, self._reset, self._track)
+            flags += [zero, zero]
+        self._flags = flags
+        self._limits = (block_steps, False)
+        self._last_step = (step, check, None, at, commit, eligible, track)
 
     def flags(self) -> list[Tensor]:
         """The last observed step's 0-d check values, to stack into the step's sync (in order;

@@ -17,6 +17,7 @@ from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.batching import decode_groups, split_rows
 from dllm_decode.samplers.contract import StepGuard, expected_rows
+from dllm_decode.samplers.fused import fusable, topk_step
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker
@@ -192,6 +193,8 @@ class DiffusionSampler:
             maker.impl = Impl.REFERENCE
         parts = StepParts(maker, selector, stopper, guard, caps.needs_logits,
                           sel_caps.proposes_after_select)
+        fuse = fusable(selector, stopper, truncator, caps, on_step=on_step, debug=self.debug,
+                       compile=self.compile)
         run_step = self._step_function(caps, cfg, device)
 
         memory = init_memory_of(selector, b, length, device)
@@ -275,6 +278,26 @@ class DiffusionSampler:
                     budget = sch.dream_budget(masked, times, i, n_iter, fractions)
                 active = eligible.any(1)
                 step_model.begin(model_canvas, active)
+                # the contract's per-step inputs (samplers.contract; see post_forward)
+                # masked fed rows, known on the host when the rows end with the block (no mask
+                # before it): lets the proposal skip counting them (``masked_rows``)
+                in_rows = n_left if reach == be and not full_span and lo == p else None
+                expected = expected_rows(active, budget,
+                                         None if positive is None else positive[i])
+                stall_limit = min(n_iter, be - bs)
+                if fuse and budget is not None and i < n_iter - 1 and topk_step(
+                        maker, guard, fed, logits, rows, masked, eligible, budget, expected,
+                        canvas, commit_at, commit_prob, step, n_masked, in_rows, stall_limit):
+                    # the fused step (samplers.fused) wrote canvas and records in place
+                    refreshed.append(spans.flag(fed.refresh) if fed.refreshed is None
+                                     else fed.refreshed[:b])
+                    step_forwards.append(1)
+                    took_part.append(active)
+                    if cfg.stop_at_eos and model.eos_token_ids:
+                        canvas = _fill_after_eos(canvas, mask_id, model.eos_token_ids, p,
+                                                 fill_id)
+                    step += 1
+                    continue
                 info = dict(
                     step=step, block=blk, block_start=bs, block_end=be, gen_start=p,
                     steps_left=(n_iter - i) if steps_per_block or times is not None else None,
@@ -286,15 +309,8 @@ class DiffusionSampler:
                                            "refresh": fed.refresh, "total_steps": total_steps},
                     model=step_model, refreshed=spans.flag(fed.refresh)
                     if fed.refreshed is None else fed.refreshed[:b])
-                # the contract's per-step inputs (samplers.contract; see post_forward)
-                # masked fed rows, known on the host when the rows end with the block (no mask
-                # before it): lets the proposal skip counting them (``masked_rows``)
-                in_rows = n_left if reach == be and not full_span and lo == p else None
-                expected = expected_rows(active, budget,
-                                         None if positive is None else positive[i])
                 ctl = dict(n_masked=n_masked, in_rows=in_rows, expected=expected,
-                           last=i == n_iter - 1,
-                           stall_limit=min(n_iter, be - bs),
+                           last=i == n_iter - 1, stall_limit=stall_limit,
                            force_end=spans.get(bs, be) if i == n_iter - 1 and lo == p else None)
                 out = run_step(parts, fed, logits, rows, live, canvas, masked, fresh, eligible,
                                budget, commit_at, commit_prob, info, ctl)
