@@ -1,4 +1,5 @@
-"""The fused top-k step (``samplers.fused``) against the generic ``post_forward``.
+"""The fused step (``samplers.fused``: top-k / threshold of the probability) against the
+generic ``post_forward``.
 
 Every case decodes twice, once with the fused step and once with it switched off, and compares
 everything a ``Generation`` records: tokens, commit steps, bits, NFE, refresh flags. Each case
@@ -17,7 +18,8 @@ import torch
 from torch import Tensor
 
 from dllm_decode import DiffusionSampler
-from dllm_decode.policies import TopK
+from dllm_decode.policies import Threshold, TopK
+from dllm_decode.policies.compose import compose
 from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import sampler as sampler_module
 from dllm_decode.samplers.contract import NonFiniteLogitsError
@@ -40,16 +42,16 @@ def _decode(monkeypatch: pytest.MonkeyPatch, fused: bool, model: Any, policy: An
             prompt: Tensor, mask: Tensor | None = None, **kw: Any) -> tuple[Any, int]:
     """One decode with the fused step on or off; returns it and the number of fused steps."""
     calls = [0]
-    real = sampler_module.topk_step
+    real = sampler_module.fused_step
 
     def counted(*a: Any, **k: Any) -> bool:
         done = real(*a, **k)
         calls[0] += done
         return done
 
-    monkeypatch.setattr(sampler_module, "topk_step", counted)
+    monkeypatch.setattr(sampler_module, "fused_step", counted)
     if not fused:
-        monkeypatch.setattr(sampler_module, "fusable", lambda *a, **k: False)
+        monkeypatch.setattr(sampler_module, "span_selector", lambda *a, **k: None)
     try:
         out = DiffusionSampler(model, policy, **kw).generate(prompt, mask)
     finally:
@@ -78,6 +80,12 @@ CASES = [
     ("llada", "low_confidence", "dual", 16, 8, 16, {"temperature": 1.0, "rng": "reference"}),
     ("llada-v1024", "low_confidence", "none", 32, 8, 16, {}),
     ("dream", "maskgit_plus", "none", 16, None, 16, {}),
+    ("llada", "threshold", "none", 16, 8, None, {}),
+    ("llada", "threshold", "prefix", 16, 4, None, {"tau": 0.5}),
+    ("llada", "threshold", "dual", 24, 8, None, {"temperature": 0.7, "seed": 5}),
+    ("llada-v1024", "threshold", "none", 32, 16, None, {"tau": 0.3}),
+    ("dream", "threshold", "dual", 16, 8, None, {}),
+    ("sdar", "threshold", "block_causal", 16, None, None, {}),
     ("dream", "maskgit_plus", "dual", 16, 8, 8, {}),
     ("sdar", "low_confidence", "none", 16, None, 16, {}),
     ("sdar", "low_confidence", "block_causal", 16, None, 8, {}),
@@ -90,7 +98,9 @@ def test_fused_step_is_the_generic_step(monkeypatch, family, policy, cache, gen,
     model = MODELS[family]
     rows = [torch.tensor(r) for r in ([5, 9, 2, 7, 1, 3], [4, 8], [6, 6, 2, 9])]
     prompt, mask = left_pad_rows(rows, EOS)
-    kw = dict(cache=cache, gen_length=gen, block_length=block, steps=steps, **extra)
+    kw = dict(cache=cache, gen_length=gen, block_length=block, **extra)
+    if steps is not None:
+        kw["steps"] = steps
     fused, n_fused = _decode(monkeypatch, True, model, policy, prompt, mask, **kw)
     generic, n_generic = _decode(monkeypatch, False, model, policy, prompt, mask, **kw)
     _same(fused, generic)
@@ -121,6 +131,8 @@ class TopKCopy(TopK):
     (Policy(TopKCopy()), {}),  # a subclass
     (Policy(TopK(score=ScoreKind.MARGIN)), {}),  # another score
     (Policy(TopK(alg_temp=0.5)), {}),  # sampled positions
+    (Policy(Threshold(score=ScoreKind.NEG_ENTROPY, tau=-0.5)), {}),
+    (compose("low_confidence", stopper="sched"), {}),  # a stopper
     ("low_confidence", {"cache": "window", "window_tokens": 4}),  # per-row fed rows
 ])
 def test_fused_step_leaves_other_steps_alone(monkeypatch, policy, kw) -> None:
@@ -135,8 +147,8 @@ def test_fused_step_leaves_other_steps_alone(monkeypatch, policy, kw) -> None:
 def test_fused_step_is_off_with_debug_checks_and_callbacks(monkeypatch) -> None:
     prompt = _prompt(1, 4, 2)
     calls = [0]
-    real = sampler_module.topk_step
-    monkeypatch.setattr(sampler_module, "topk_step",
+    real = sampler_module.fused_step
+    monkeypatch.setattr(sampler_module, "fused_step",
                         lambda *a, **k: calls.__setitem__(0, calls[0] + 1) or real(*a, **k))
     model = MODELS["llada"]
     DiffusionSampler(model, "low_confidence", debug=True, gen_length=8, steps=8).generate(prompt)

@@ -83,11 +83,15 @@ class Threshold:
 
     def select(self, state: StepState) -> Tensor:
         score = step_score(state, self.score)  # ``random``: float32 uniforms, one draw per step
-        # eligible & (score >= tau | the row's best eligible position), i.e. ``top1_mask``
-        # folded in: one argmax, first maximum on ties
-        eligible = state.eligible
-        best = torch.where(eligible, score, lowest(score.dtype)).argmax(-1, keepdim=True)
-        return eligible & (score >= self.tau).scatter_(-1, best, True)
+        return threshold_mask(score, state.eligible, self.tau)
+
+
+def threshold_mask(score: Tensor, eligible: Tensor, tau: float) -> Tensor:
+    """``eligible & (score >= tau | the row's best eligible position)`` ``[B, N]``: ``top1_mask``
+    folded in (one argmax, first maximum on ties); a row with an eligible position always
+    commits one."""
+    best = torch.where(eligible, score, lowest(score.dtype)).argmax(-1, keepdim=True)
+    return eligible & (score >= tau).scatter_(-1, best, True)
 
 
 @dataclass(frozen=True)

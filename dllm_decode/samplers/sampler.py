@@ -17,7 +17,7 @@ from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.batching import decode_groups, split_rows
 from dllm_decode.samplers.contract import StepGuard, expected_rows
-from dllm_decode.samplers.fused import fusable, topk_step
+from dllm_decode.samplers.fused import fused_step, span_selector
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker
@@ -193,8 +193,8 @@ class DiffusionSampler:
             maker.impl = Impl.REFERENCE
         parts = StepParts(maker, selector, stopper, guard, caps.needs_logits,
                           sel_caps.proposes_after_select)
-        fuse = fusable(selector, stopper, truncator, caps, on_step=on_step, debug=self.debug,
-                       compile=self.compile)
+        fuse = span_selector(selector, stopper, truncator, caps, on_step=on_step,
+                             debug=self.debug, compile=self.compile)
         run_step = self._step_function(caps, cfg, device)
 
         memory = init_memory_of(selector, b, length, device)
@@ -285,8 +285,8 @@ class DiffusionSampler:
                 expected = expected_rows(active, budget,
                                          None if positive is None else positive[i])
                 stall_limit = min(n_iter, be - bs)
-                if fuse and budget is not None and i < n_iter - 1 and topk_step(
-                        maker, guard, fed, logits, rows, masked, eligible, budget, expected,
+                if fuse is not None and i < n_iter - 1 and fused_step(
+                        fuse, maker, guard, fed, logits, rows, masked, eligible, budget, expected,
                         canvas, commit_at, commit_prob, step, n_masked, in_rows, stall_limit):
                     # the fused step (samplers.fused) wrote canvas and records in place
                     refreshed.append(spans.flag(fed.refresh) if fed.refreshed is None
