@@ -192,7 +192,8 @@ class ForwardPlan:
     def _run(self, canvas: Tensor, start: int, end: int, lo: int, hi: int,
              use_cache: bool) -> Tensor:
         span = self._arange(start, end)
-        rows = self._arange(lo - start, hi - start)
+        # logits of every fed row: no row selection (an index_select copying all of them)
+        rows = None if (lo, hi) == (start, end) else self._arange(lo - start, hi - start)
         tokens = canvas if (start, end) == (0, self.length) else canvas[:, start:end]
         key = ("span", start, end)
         if key not in self._memo:  # RoPE positions (and tables) and cache slots of the span
