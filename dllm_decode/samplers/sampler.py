@@ -27,6 +27,7 @@ from dllm_decode.samplers.step import (
     StepParts,
     bits_per_step,
     compile_step,
+    fill_after_eos,
     post_forward,
     step_progress,
 )
@@ -55,6 +56,11 @@ class DiffusionSampler:
     6. **stop / truncate**: optional stopper (commit everything at its argmax) and truncator
        (EoTP: shorten the row, crop visible keys);
     7. **commit**: write tokens, record the commit step and the information committed.
+
+    Steps 4-7 are ``samplers.step.post_forward``; for exactly ``TopK(prob)`` / ``Threshold(prob)``
+    with nothing else reading the step (no stopper, truncator, ``on_step``, ``debug``), every
+    step but a block's last runs the bit-identical ``samplers.fused.fused_step`` on the fed span
+    instead (eager only).
 
     Hooks for policies (all optional, read off the selector or the ``StepState``):
 
@@ -294,7 +300,7 @@ class DiffusionSampler:
                     step_forwards.append(1)
                     took_part.append(active)
                     if cfg.stop_at_eos and model.eos_token_ids:
-                        canvas = _fill_after_eos(canvas, mask_id, model.eos_token_ids, p,
+                        canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p,
                                                  fill_id)
                     step += 1
                     continue
@@ -329,7 +335,7 @@ class DiffusionSampler:
                     canvas = torch.where(dead, fill_id, canvas)  # the row ends at its EOS
                     plan.restrict(torch.cat([~dead, ~dead]) if cfg_on else ~dead)
                 if cfg.stop_at_eos and model.eos_token_ids:
-                    canvas = _fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id)
+                    canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id)
                 if on_step is not None:
                     on_step(state, commit)
                 step += 1
@@ -397,15 +403,3 @@ class DiffusionSampler:
 def _bind(component: Any, model: Any, cfg: SamplerConfig) -> Any:
     bind = getattr(component, "bind", None)
     return component if bind is None else bind(model, cfg)
-
-
-def _fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,
-                    fill_id: int) -> Tensor:
-    """Rows with a committed EOS and nothing masked before it: masks after it become EOS."""
-    gen = canvas[:, p:]
-    is_eos = torch.isin(gen, torch.tensor(eos_ids, device=canvas.device))
-    idx = torch.arange(gen.shape[1], device=canvas.device)
-    first = torch.where(is_eos, idx, gen.shape[1]).min(1).values
-    masked_before = ((gen == mask_id) & (idx[None] < first[:, None])).any(1)
-    fill = (~masked_before)[:, None] & (idx[None] > first[:, None]) & (gen == mask_id)
-    return torch.cat([canvas[:, :p], torch.where(fill, fill_id, gen)], dim=1)

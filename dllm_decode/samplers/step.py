@@ -236,3 +236,15 @@ def step_progress(value: float, compiled: bool | str, device: torch.device) -> f
     if not compiled:
         return value
     return torch.tensor(value, dtype=torch.float64, device=device)
+
+
+def fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,
+                   fill_id: int) -> Tensor:
+    """Rows with a committed EOS and nothing masked before it: masks after it become EOS."""
+    gen = canvas[:, p:]
+    is_eos = torch.isin(gen, torch.tensor(eos_ids, device=canvas.device))
+    idx = torch.arange(gen.shape[1], device=canvas.device)
+    first = torch.where(is_eos, idx, gen.shape[1]).min(1).values
+    masked_before = ((gen == mask_id) & (idx[None] < first[:, None])).any(1)
+    fill = (~masked_before)[:, None] & (idx[None] > first[:, None]) & (gen == mask_id)
+    return torch.cat([canvas[:, :p], torch.where(fill, fill_id, gen)], dim=1)
