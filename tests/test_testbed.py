@@ -171,6 +171,34 @@ def test_distill_runs_resumes_and_exports(tmp_path: Path, one_thread: None) -> N
 
 
 
+def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thread: None) -> None:
+    from dllm_decode import load_model
+    from dllm_decode.train.distill import DistillConfig, distill, export_checkpoint
+    from dllm_decode.train.ema import WeightAverage
+
+    common = dict(family="llada", hidden=32, layers=1, heads=2, intermediate=64, batch_size=4,
+                  log_every=2, ckpt_every=2, eval_every=0, eval_size=1, ema=0.5)
+    distill(DistillConfig(out=str(tmp_path / "a"), steps=4, **common))
+    distill(DistillConfig(out=str(tmp_path / "b"), steps=2, **common))
+    distill(DistillConfig(out=str(tmp_path / "b"), steps=4, resume=True, **common))
+    a = torch.load(tmp_path / "a/checkpoint.pt", weights_only=False)
+    b = torch.load(tmp_path / "b/checkpoint.pt", weights_only=False)
+    for name, value in a["ema"].items():  # the average continues exactly across a resume
+        assert torch.equal(value, b["ema"][name]), name
+    # decay 0.5 over 4 steps: the average differs from the last iterate, and the exported
+    # model (fp16) is the average, not the iterate
+    key = next(k for k, v in a["ema"].items() if k.startswith("layers.0") and v.dim() == 2)
+    assert not torch.equal(a["ema"][key], a["model"][key])
+    exported = load_model(tmp_path / "a/model").state_dict()
+    assert torch.equal(exported[key].float(), a["ema"][key].half().float())
+    export_checkpoint(tmp_path / "a", tmp_path / "again")
+    assert torch.equal(load_model(tmp_path / "again").state_dict()[key], exported[key])
+    with pytest.raises(ValueError, match="ema must lie in"):
+        DistillConfig(ema=1.0)
+    with pytest.raises(ValueError, match="decay must lie in"):
+        WeightAverage(torch.nn.Linear(2, 2), 0.0)
+
+
 @pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
 def test_growing_depth_keeps_the_shallow_models_function(tmp_path: Path, family: str,
                                                          one_thread: None) -> None:

@@ -27,12 +27,14 @@ Everything random is a function of ``(seed, step)``, so ``--resume`` continues e
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import math
 import random
 import shlex
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +46,7 @@ from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
 from dllm_decode.train.distill_config import DistillConfig
+from dllm_decode.train.ema import WeightAverage
 from dllm_decode.train.grow import grow_into
 from dllm_decode.train.onpolicy import onpolicy_rows
 from dllm_decode.train.testbed import (
@@ -209,6 +212,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
                              {"params": rest, "weight_decay": 0.0}], lr=cfg.lr,
                             betas=(0.9, 0.98))
     start, wall_before = 0, 0.0
+    state: dict[str, Any] = {}
     if cfg.resume and ckpt.exists():
         state = torch.load(ckpt, weights_only=False)
         model.load_state_dict(state["model"])
@@ -218,6 +222,10 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
             _truncate(out / name, start)
     elif cfg.grow_from:
         grow_into(model, torch.load(cfg.grow_from, weights_only=False)["model"])
+    ema = WeightAverage(model, cfg.ema) if cfg.ema else None
+    if ema is not None and state.get("ema") is not None:  # resumed
+        ema.load_state_dict(state["ema"])
+    averaged = ema.applied if ema is not None else _as_is
     (out / "distill_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     params = sum(p.numel() for p in model.parameters())
     print(f"[testbed] {cfg.family}: {params / 1e6:.2f}M parameters, vocab "
@@ -238,6 +246,8 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
+        if ema is not None:
+            ema.update(model)
         window.append((float(loss.detach()), float(kl.detach())))
         done = step + 1
         wall = wall_before + time.perf_counter() - t0
@@ -250,10 +260,12 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
             window = []
         if done % cfg.ckpt_every == 0 or done == cfg.steps:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
-                        "wall_s": wall, "config": dataclasses.asdict(cfg)}, ckpt)
+                        "wall_s": wall, "config": dataclasses.asdict(cfg),
+                        "ema": None if ema is None else ema.state_dict()}, ckpt)
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             model.eval()
-            scores = evaluate_testbed(model, oracle, cfg.eval_size, seed=cfg.seed)
+            with averaged(model):
+                scores = evaluate_testbed(model, oracle, cfg.eval_size, seed=cfg.seed)
             model.train()
             _append(out / "eval.csv", {"step": done, "wall_s": round(wall, 1), **scores})
             print(f"[eval] step {done} {json.dumps(scores)}", flush=True)
@@ -263,7 +275,8 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
                "wall_s": round(wall, 1), "threads": torch.get_num_threads(),
                "eval_schedule": EVEN_SPLIT, "versions": {"torch": torch.__version__}}
     model.eval()
-    export_testbed(untie(model), oracle, out / "model")
+    with averaged(model):
+        export_testbed(untie(model), oracle, out / "model")
     (out / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
@@ -279,6 +292,8 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
     oracle = waiting_line_oracle()
     model = build_student(cfg, oracle)
     model.load_state_dict(state["model"])
+    if state.get("ema") is not None:  # the run's weight average is what it evaluates
+        model.load_state_dict(state["ema"], strict=False)
     export_testbed(untie(model).eval(), oracle, directory)
     summary = {"command": command_line(cfg), "config": dataclasses.asdict(cfg),
                "parameters": sum(p.numel() for p in untie(model).parameters()),
@@ -287,6 +302,11 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
                "versions": {"torch": torch.__version__}}
     (run_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+@contextlib.contextmanager
+def _as_is(model: DecoderLM) -> Iterator[DecoderLM]:
+    yield model
 
 
 def _truncate(path: Path, last_step: int) -> None:

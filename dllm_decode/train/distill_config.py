@@ -51,6 +51,9 @@ class DistillConfig:
     onpolicy_k: int = 1
     #: per-task draw weights overriding the defaults, ``"insert_random=8,shuffle=4"``
     task_weight: str = ""
+    #: weight averaging (``train.ema``): evaluations and the exported model use the exponential
+    #: moving average of the weights with this decay (0: off, the last iterate)
+    ema: float = 0.0
 
     def __post_init__(self) -> None:
         if self.family not in ("llada", "dream", "sdar"):
@@ -65,6 +68,8 @@ class DistillConfig:
             raise ValueError(f"onpolicy_frac must lie in [0, 1], got {self.onpolicy_frac}")
         if self.onpolicy_k < 1:
             raise ValueError(f"onpolicy_k must be >= 1, got {self.onpolicy_k}")
+        if not 0 <= self.ema < 1:
+            raise ValueError(f"ema must lie in [0, 1) (0: off), got {self.ema}")
         parse_task_weights(self.task_weight)  # raises on a bad spec
         if self.grow_from and not Path(self.grow_from).is_file():
             raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
