@@ -30,7 +30,11 @@ from dllm_decode.train.testbed import (
     TESTBED_TASKS,
     waiting_line_oracle,
 )
-from dllm_decode.train.testbed_eval import ambiguous_state_fit, decode_tasks
+from dllm_decode.train.testbed_eval import (
+    ambiguous_state_fit,
+    decode_tasks,
+    insert_slot_calibration,
+)
 
 RESULTS = Path(__file__).parent / "results"
 KS = (1, 4, 8)
@@ -102,6 +106,32 @@ def fit_markdown(rows: list[dict[str, Any]]) -> str:
              "argmax not the oracle's % | prompts with one % |", "|---|---|---|---|---|---|"]
     lines += [f"| {r['model']} | {r['task']} | {r['positions']:.2f} | {abs(r['kl']):.3f} | "
               f"{100 * r['argmax_miss']:.1f} | {100 * r['prompts_missed']:.0f} |" for r in rows]
+    return "\n".join(lines)
+
+
+def slot_rows(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
+    """``insert_slot_calibration`` of each model (``oracle``: the exact oracle)."""
+    from dllm_decode import load_model
+
+    torch.set_num_threads(1)
+    oracle = waiting_line_oracle()
+    out = []
+    for name in models:
+        model = oracle if name == "oracle" else load_model(name)
+        for row in insert_slot_calibration(model, oracle, n, seed=seed):
+            out.append({"model": name, "n": n, "seed": seed,
+                        **{k: round(v, 4) for k, v in row.items()}})
+    return out
+
+
+def slot_markdown(rows: list[dict[str, Any]]) -> str:
+    lines = ["| model | list length | slot | prompts | inserted name: model / oracle | left "
+             "neighbour | right neighbour | model argmax = inserted % |",
+             "|---|---|---|---|---|---|---|---|"]
+    lines += [f"| {r['model']} | {r['length']} | {r['slot']} | {r['prompts']:.0f} | "
+              f"{r['model_x']:.2f} / {r['oracle_x']:.2f} | {r['model_left']:.2f} / "
+              f"{r['oracle_left']:.2f} | {r['model_right']:.2f} / {r['oracle_right']:.2f} | "
+              f"{100 * r['argmax_x']:.0f} |" for r in rows]
     return "\n".join(lines)
 
 
@@ -195,7 +225,15 @@ def main(argv: list[str] | None = None) -> int:
                     help="instead: each model's fit to the oracle at the random tasks' ambiguous "
                          "states (train.testbed_eval.ambiguous_state_fit; 'oracle' names the "
                          "exact oracle), written to results/TAG_fit.csv")
+    ap.add_argument("--slots", action="store_true",
+                    help="instead: insert_random's ambiguous state per list length and slot "
+                         "(train.testbed_eval.insert_slot_calibration), results/TAG_slots.csv")
     args = ap.parse_args(argv)
+    if args.slots:
+        slots = slot_rows(args.models, args.n, args.seed)
+        write_rows(slots, RESULTS / f"{args.tag}_slots.csv")
+        print(slot_markdown(slots))
+        return 0
     if args.fit:
         fits = fit_rows(args.models, args.n, args.seed)
         write_rows(fits, RESULTS / f"{args.tag}_fit.csv")

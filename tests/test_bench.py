@@ -121,3 +121,22 @@ def test_testbed_parallel_fit_writes_the_oracle_fit(tmp_path, capsys) -> None:
     assert all(abs(float(r["kl"])) < 1e-4 and float(r["argmax_miss"]) == 0 for r in rows)
     assert all(float(r["positions"]) > 0 for r in rows)
     assert "| oracle | insert_random |" in capsys.readouterr().out
+
+
+def test_testbed_parallel_slots_writes_one_row_per_length_and_slot(tmp_path, capsys) -> None:
+    """``--slots``: insert_random's ambiguous state per (list length, slot), the oracle exact."""
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_parallel.py"
+    spec = importlib.util.spec_from_file_location("testbed_parallel_slots", path)
+    tp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tp)
+    tp.RESULTS = tmp_path
+    assert tp.main(["--slots", "--models", "oracle", "--n", "6", "--tag", "t"]) == 0
+    rows = list(csv.DictReader((tmp_path / "t_slots.csv").open()))
+    assert rows and all(int(r["slot"]) <= int(r["length"]) for r in rows)
+    assert all(float(r["argmax_x"]) == 0 and abs(float(r["model_x"]) - float(r["oracle_x"])) < 1e-3
+               for r in rows)
+    assert "| oracle | " in capsys.readouterr().out

@@ -363,6 +363,30 @@ def test_ambiguous_state_fit_is_zero_for_the_oracle_and_measures_a_students_erro
     assert ambiguous_state_fit(oracle, oracle, 4, "copy")["positions"] == 0.0
 
 
+def test_insert_slot_calibration_is_the_oracle_for_the_oracle() -> None:
+    """Per list length and slot: the oracle reproduces its own marginals (inserted name
+    1 / (n + 1), left neighbour s / (n + 1), right (n - s) / (n + 1)) and never ranks the
+    inserted name first; a student's rows have the same layout and are probabilities."""
+    from dllm_decode import load_model
+    from dllm_decode.train.testbed_eval import insert_slot_calibration
+
+    oracle = waiting_line_oracle()
+    rows = insert_slot_calibration(oracle, oracle, 12, seed=2)
+    assert {r["length"] for r in rows} <= {3, 4, 5} and rows
+    for r in rows:
+        n, s = r["length"], r["slot"]
+        assert r["oracle_x"] == pytest.approx(1 / (n + 1))
+        assert r["oracle_left"] == pytest.approx(s / (n + 1))
+        assert r["oracle_right"] == pytest.approx((n - s) / (n + 1))
+        for side in ("x", "left", "right"):
+            assert r[f"model_{side}"] == pytest.approx(r[f"oracle_{side}"], abs=1e-6)  # fp32
+        assert r["argmax_x"] == 0.0
+    student = insert_slot_calibration(load_model("testbed-llada"), oracle, 12, seed=2)
+    assert [(r["length"], r["slot"]) for r in student] == [(r["length"], r["slot"]) for r in rows]
+    assert all(0 <= r["model_x"] + r["model_left"] + r["model_right"] <= 1 + 1e-9
+               for r in student)
+
+
 def test_decode_tasks_commits_one_token_per_step_for_every_family(one_thread: None) -> None:
     """``steps = G`` is one token per step for a Dream-family model too (the even split), not
     Dream's time grid, whose last step commits two names at once on a random task."""

@@ -128,6 +128,57 @@ def ambiguous_state_fit(model: Any, oracle: WaitingLineOracle, n: int, task: str
             "positions": positions / len(prompts)}
 
 
+@torch.no_grad()
+def insert_slot_calibration(model: Any, oracle: WaitingLineOracle, n: int, *,
+                            seed: int | None = None, split: str = "test"
+                            ) -> list[dict[str, float]]:
+    """insert_random at its ambiguous state (``ambiguous_state_fit``), per list length and
+    answer slot: the mean probability the model and the oracle give there to the inserted name
+    and to the original list's left and right neighbours of the slot, and how often the model's
+    argmax is the inserted name (the oracle's never is: 1 / (n + 1) against a neighbour's
+    ``max(s, n - s) / (n + 1)``). Averages that match with argmax flips left mean the error is
+    per prompt, not a slot bias. Prompts whose inserted name repeats a listed one are skipped.
+
+    Returns: one dict per ``(length, slot)``: ``length``, ``slot``, ``prompts``, ``model_x``,
+    ``oracle_x``, ``model_left``, ``oracle_left``, ``model_right``, ``oracle_right``,
+    ``argmax_x``.
+    """
+    g, mask_id = TESTBED_GEN_LENGTH, oracle.mask_token_id
+    _, prompts = held_out_prompts(oracle, "insert_random", n, seed, split)
+    sums: dict[tuple[int, int], torch.Tensor] = {}
+    for prompt in prompts:
+        table = oracle.answer_table(prompt, g)  # [A, G]: one row per insertion slot, in order
+        slots = (table != table[0]).any(0).nonzero().flatten()  # the contested name slots
+        names = table[:, slots]  # [A, S]; row a holds the inserted name at slot a
+        a, length = names.shape[0], names.shape[1] - 1
+        inserted = names.diagonal() if a == length + 1 else None
+        if inserted is None or not bool((inserted == inserted[0]).all()):
+            continue  # the inserted name repeats a listed one: the slots are not all contested
+        x, original = int(inserted[0]), names[-1, :-1].tolist()
+        region = torch.where((table == table[0]).all(0), table[0], mask_id)
+        q = oracle.marginals(table, region[None])[0]  # [G, V]
+        tokens = torch.tensor(prompt + region.tolist())[None]
+        logits = model(tokens, torch.arange(tokens.shape[1])[None])[0, len(prompt):]
+        p = logits.double().index_fill(-1, torch.tensor([mask_id]), -torch.inf).softmax(-1)
+        for s, pos in enumerate(slots.tolist()):
+            left = original[s - 1] if s > 0 else None
+            right = original[s] if s < length else None
+            row = [p[pos, x], q[pos, x]]
+            for nb in (left, right):
+                row += [p[pos, nb], q[pos, nb]] if nb is not None else [0.0, 0.0]
+            row += [float(int(p[pos].argmax()) == x), 1.0]
+            key = (length, s)
+            sums[key] = sums.get(key, torch.zeros(8, dtype=torch.float64)) + torch.tensor(row)
+    cols = ("model_x", "oracle_x", "model_left", "oracle_left", "model_right", "oracle_right",
+            "argmax_x")
+    out = []
+    for (length, s), v in sorted(sums.items()):
+        count = float(v[-1])
+        out.append({"length": length, "slot": s, "prompts": count,
+                    **{c: float(v[i]) / count for i, c in enumerate(cols)}})
+    return out
+
+
 def export_testbed(model: Any, oracle: WaitingLineOracle, directory: str | Path,
                    dtype: torch.dtype = torch.float16) -> int:
     """Write ``config.json`` + ``model.safetensors`` (``dtype``) + word-level tokenizer files.
