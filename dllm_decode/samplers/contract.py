@@ -151,13 +151,14 @@ class StepGuard:
         self._limits = (block_steps, last)
         self._last_step = (step, scores, live, at, commit, eligible, track)
 
-    def observe_topk(self, step: int, check: Tensor, commit: Tensor, eligible: Tensor,
-                     expected: Tensor, block_steps: int, at: Tensor | None = None) -> None:
-        """``observe`` for a top-k of the budget over ``eligible`` (``samplers.fused``): the
-        commit is a subset of eligible by construction, and every expected row commits (a
-        budget > 0 and an eligible position give at least one), so the progress record's
-        update is a select and its values cannot grow (the flags report 0 for both; the
-        previous step's values were checked at this step's sync).
+    def observe_fused(self, step: int, check: Tensor, commit: Tensor, eligible: Tensor,
+                      expected: Tensor, block_steps: int, at: Tensor | None = None) -> None:
+        """``observe`` for the fused step's selections (``samplers.fused``: a top-k of the
+        budget, or a threshold plus the best position, over ``eligible``): the commit is a
+        subset of eligible by construction, and every expected row commits (an eligible
+        position, and for the top-k a budget > 0, give at least one), so the progress
+        record's update is a select and its values cannot grow (the flags report 0 for both;
+        the previous step's values were checked at this step's sync).
 
         Args:
             check: ``[B, R]`` the proposal's LSE (finite iff the row's logits are usable; its

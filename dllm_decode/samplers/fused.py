@@ -63,9 +63,9 @@ def span_selector(selector: Any, stopper: Any, truncator: Any, caps: Capabilitie
     return None
 
 
-def fused_step(fuse: SpanSelect, maker: ProposalMaker, guard: StepGuard, fed: Fed, logits: Tensor,
-                   rows: Tensor, masked: Tensor, eligible: Tensor, budget: Tensor | None,
-                   expected: Tensor, canvas: Tensor, commit_at: Tensor,
+def fused_step(fuse: SpanSelect, maker: ProposalMaker, guard: StepGuard, fed: Fed,
+               logits: Tensor, rows: Tensor, masked: Tensor, eligible: Tensor,
+               budget: Tensor | None, expected: Tensor, canvas: Tensor, commit_at: Tensor,
                commit_prob: Tensor, step: int, n_masked: int, in_rows: int | None,
                stall_limit: int) -> bool:
     """One step selected by ``fuse`` (``span_selector``), or ``False`` (nothing done) where
@@ -78,8 +78,7 @@ def fused_step(fuse: SpanSelect, maker: ProposalMaker, guard: StepGuard, fed: Fe
         logits: ``[B, R, V]`` for the span's rows (edited in place, as ``propose`` does).
         rows: ``[R]`` the span's canvas positions; masked / eligible ``[B, L]`` bool (eligible
             lies inside the span: the sampler cuts it to the fed span); budget ``[B]`` int64
-            or ``None``;
-            expected ``[B]`` bool (``contract.expected_rows``).
+            or ``None``; expected ``[B]`` bool (``contract.expected_rows``).
         canvas, commit_at, commit_prob: ``[B, L]``, written in place on the span.
         step: the global step; n_masked / in_rows / stall_limit: as ``post_forward``'s
             ``ctl``. Never called on a block's last step (its forced commits and stall check
@@ -93,8 +92,8 @@ def fused_step(fuse: SpanSelect, maker: ProposalMaker, guard: StepGuard, fed: Fe
         prop = maker.propose_rows(logits, picked[0])  # [K]
         wide = widen_at(prop, canvas, picked[1])  # [B, L]
         commit = fuse.select(wide.prob, eligible, budget)
-        guard.observe_topk(step, prop.prob if prop.lse is None else prop.lse, commit, eligible,
-                           expected, stall_limit, at=picked[1])
+        guard.observe_fused(step, prop.prob if prop.lse is None else prop.lse, commit, eligible,
+                            expected, stall_limit, at=picked[1])
         torch.where(commit, wide.tokens, canvas, out=canvas)
         commit_at.masked_fill_(commit, step)
         torch.where(commit, wide.prob, commit_prob, out=commit_prob)
@@ -103,8 +102,8 @@ def fused_step(fuse: SpanSelect, maker: ProposalMaker, guard: StepGuard, fed: Fe
     prop = maker.propose(logits, fed, rows, masked, n_masked)  # [B, R]
     el = eligible[:, lo:hi]
     commit = fuse.select(prop.prob, el, budget)  # [B, R], a subset of el
-    guard.observe_topk(step, prop.prob if prop.lse is None else prop.lse, commit, el, expected,
-                       stall_limit)
+    guard.observe_fused(step, prop.prob if prop.lse is None else prop.lse, commit, el,
+                        expected, stall_limit)
     span = canvas[:, lo:hi]
     torch.where(commit, prop.tokens, span, out=span)  # in place (full overlap is allowed)
     commit_at[:, lo:hi].masked_fill_(commit, step)
