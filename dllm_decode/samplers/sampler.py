@@ -301,7 +301,7 @@ class DiffusionSampler:
                     took_part.append(active)
                     if cfg.stop_at_eos and model.eos_token_ids:
                         canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p,
-                                                 fill_id)
+                                                fill_id)
                     step += 1
                     continue
                 info = dict(
