@@ -24,7 +24,7 @@ from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import sampler as sampler_module
 from dllm_decode.samplers.contract import NonFiniteLogitsError
 from dllm_decode.types import ScoreKind
-from tests.helpers import EOS, left_pad_rows, tiny_model
+from tests.helpers import EOS, MASK, left_pad_rows, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -120,6 +120,61 @@ def test_fused_step_on_random_prompts_and_batches(monkeypatch, seed) -> None:
     _same(fused, generic)
     # every step but each block's last (forced commits, stall check: the generic step)
     assert n == fused.steps - 16 // block
+
+
+def _random_setting(seed: int) -> tuple[Any, str, Tensor, Tensor, dict[str, Any]]:
+    """A random decode setting: family, policy, cache mode (window included), G, block, steps,
+    sampling, RNG mode, CFG, EOS options, exact steps, a masked prompt position, padding."""
+    import random
+
+    rng = random.Random(seed)
+    fam = rng.choice(["llada", "dream", "sdar", "llada-v1024"])
+    policy = rng.choice(["low_confidence", "maskgit_plus", "threshold"])
+    cache = rng.choice(["none", "block_causal"] if fam == "sdar" else
+                       ["none", "prefix", "dual", "window"])
+    g = rng.choice([8, 16, 24])
+    kw: dict[str, Any] = dict(cache=cache, gen_length=g)
+    blocks = 1
+    if fam != "sdar":
+        block = rng.choice([d for d in (4, 8) if g % d == 0] + [None])
+        kw["block_length"], blocks = block, g // (block or g)
+    if policy == "threshold":
+        kw["tau"] = rng.choice([0.3, 0.9])
+    else:
+        kw["steps"] = rng.choice([s for s in (g, g // 2) if s % blocks == 0])
+    if rng.random() < 0.3:
+        kw.update(temperature=0.7, seed=rng.randrange(100),
+                  rng=rng.choice(["compact", "reference"]))
+    if cache == "none" and rng.random() < 0.2:
+        kw["cfg_scale"] = 1.0
+    if cache == "window":
+        kw["window_tokens"] = 4
+    for flag in ("stop_at_eos", "logits_eos_inf", "exact_steps"):
+        if rng.random() < 0.2:
+            kw[flag] = True
+    rows = [torch.randint(0, EOS, (rng.randint(2, 7),), generator=torch.Generator().manual_seed(
+        seed * 10 + i)) for i in range(rng.randint(1, 3))]
+    if rng.random() < 0.2:
+        kw["allow_prompt_masks"] = True
+        rows[0][0] = MASK
+    prompt, mask = left_pad_rows(rows, EOS)
+    return MODELS[fam], policy, prompt, mask, kw
+
+
+@pytest.mark.parametrize("seed", range(16))
+def test_fused_step_in_random_settings(monkeypatch, seed) -> None:
+    model, policy, prompt, mask, kw = _random_setting(seed)
+    outs = []
+    for fused in (True, False):
+        try:
+            outs.append(_decode(monkeypatch, fused, model, policy, prompt, mask, **kw)[0])
+        except ValueError as err:  # a setting the sampler refuses: refused the same way
+            outs.append(str(err))
+    if isinstance(outs[0], str) or isinstance(outs[1], str):
+        assert outs[0] == outs[1]
+        return
+    _same(*outs)
+    assert torch.equal(outs[0].lengths, outs[1].lengths)
 
 
 @dataclass(frozen=True)
