@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import csv
+from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -40,19 +42,19 @@ def test_roofline_matches_the_published_cost_model() -> None:
     assert DREAM_7B.kv_bytes_per_token == pytest.approx(57_344)
 
 
-def _bench_policies():
+def _script(name: str) -> Any:
+    """A fresh import of ``benchmarks/NAME.py`` (a script, not a package module)."""
     import importlib.util
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_policies.py"
-    spec = importlib.util.spec_from_file_location("bench_policies", path)
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
 def test_model_card_table_and_section(tmp_path) -> None:
-    bp = _bench_policies()
+    bp = _script("bench_policies")
     summary = [dict(policy="low_confidence", params="{}", steps=s, task=f"waiting_line/{t}",
                     n=2, accuracy=acc, nfe=float(s), tpf=32 / s, wall_s=0.1)
                for s, t, acc in ((32, "copy", 1.0), (32, "reverse", 0.5), (8, "copy", 0.5),
@@ -72,14 +74,9 @@ def test_model_card_table_and_section(tmp_path) -> None:
 
 
 def test_testbed_model_card_lists_every_training_stage(tmp_path) -> None:
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_parallel.py"
-    spec = importlib.util.spec_from_file_location("testbed_parallel", path)
-    tp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tp)
+    tp = _script("testbed_parallel")
     dirs = []
     for i, (layers, hidden) in enumerate(((2, 128), (4, 192))):
         d = tmp_path / f"stage{i}"
@@ -105,14 +102,7 @@ def test_testbed_model_card_lists_every_training_stage(tmp_path) -> None:
 
 def test_testbed_parallel_fit_writes_the_oracle_fit(tmp_path, capsys) -> None:
     """``--fit``: one row per random task, the exact oracle fitting itself (KL 0, no misses)."""
-    import csv
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_parallel.py"
-    spec = importlib.util.spec_from_file_location("testbed_parallel_fit", path)
-    tp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tp)
+    tp = _script("testbed_parallel")
     tp.RESULTS = tmp_path
     assert tp.main(["--fit", "--models", "oracle", "--n", "3", "--tag", "t"]) == 0
     rows = list(csv.DictReader((tmp_path / "t_fit.csv").open()))
@@ -125,14 +115,7 @@ def test_testbed_parallel_fit_writes_the_oracle_fit(tmp_path, capsys) -> None:
 
 def test_testbed_parallel_slots_writes_one_row_per_length_and_slot(tmp_path, capsys) -> None:
     """``--slots``: insert_random's ambiguous state per (list length, slot), the oracle exact."""
-    import csv
-    import importlib.util
-    from pathlib import Path
-
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "testbed_parallel.py"
-    spec = importlib.util.spec_from_file_location("testbed_parallel_slots", path)
-    tp = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tp)
+    tp = _script("testbed_parallel")
     tp.RESULTS = tmp_path
     assert tp.main(["--slots", "--models", "oracle", "--n", "6", "--tag", "t"]) == 0
     rows = list(csv.DictReader((tmp_path / "t_slots.csv").open()))

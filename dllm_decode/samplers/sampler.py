@@ -170,8 +170,8 @@ class DiffusionSampler:
         family = getattr(model, "family", "")
         schedule = cfg.schedule or sel_caps.preferred_schedule or (
             "dream" if family == "dream" else "llada")
-        layout = self._layout(cfg, p, length)
-        block_steps = self._block_steps(cfg, layout, sel_caps)
+        layout = sch.decode_layout(model, cfg, p, length)
+        block_steps = sch.steps_per_block(model, cfg, layout, sel_caps)
 
         cfg_on = cfg.cfg_scale > 0
         prompt_index = (canvas != mask_id) & (torch.arange(length, device=device) < p)
@@ -291,52 +291,50 @@ class DiffusionSampler:
                 expected = expected_rows(active, budget,
                                          None if positive is None else positive[i])
                 stall_limit = min(n_iter, be - bs)
+                step_refreshed = (spans.flag(fed.refresh) if fed.refreshed is None
+                                  else fed.refreshed[:b])
+                state = commit = None
                 if fuse is not None and i < n_iter - 1 and fused_step(
                         fuse, maker, guard, fed, logits, rows, masked, eligible, budget, expected,
                         canvas, commit_at, commit_prob, step, n_masked, in_rows, stall_limit):
-                    # the fused step (samplers.fused) wrote canvas and records in place
-                    refreshed.append(spans.flag(fed.refresh) if fed.refreshed is None
-                                     else fed.refreshed[:b])
-                    step_forwards.append(1)
-                    took_part.append(active)
-                    if cfg.stop_at_eos and model.eos_token_ids:
-                        canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p,
-                                                fill_id)
-                    step += 1
-                    continue
-                info = dict(
-                    step=step, block=blk, block_start=bs, block_end=be, gen_start=p,
-                    steps_left=(n_iter - i) if steps_per_block or times is not None else None,
-                    progress=step_progress(step / max(total_steps - 1, 1), self.compile, device),
-                    generator=gen,
-                    forward_start=fed.fed_start, forward_width=fed.fed_width,
-                    times=(times[i], times[i + 1]) if times is not None else None,
-                    memory=memory, extras={"n_masked": n_masked, "lengths": lengths,
-                                           "refresh": fed.refresh, "total_steps": total_steps},
-                    model=step_model, refreshed=spans.flag(fed.refresh)
-                    if fed.refreshed is None else fed.refreshed[:b])
-                ctl = dict(n_masked=n_masked, in_rows=in_rows, expected=expected,
-                           last=i == n_iter - 1, stall_limit=stall_limit,
-                           force_end=spans.get(bs, be) if i == n_iter - 1 and lo == p else None)
-                out = run_step(parts, fed, logits, rows, live, canvas, masked, fresh, eligible,
-                               budget, commit_at, commit_prob, info, ctl)
-                state, commit, canvas, commit_prob = out.state, out.commit, out.canvas, \
-                    out.commit_prob
-                forwards += step_model.calls
-                if self.debug:
-                    check_commit(state, out.selected, allow_empty=sel_caps.may_commit_nothing)
-                refreshed.append(state.refreshed)
-                step_forwards.append(1 + step_model.calls)
+                    step_forwards.append(1)  # (samplers.fused) canvas and records in place
+                else:
+                    info = dict(
+                        step=step, block=blk, block_start=bs, block_end=be, gen_start=p,
+                        steps_left=(n_iter - i) if steps_per_block or times is not None
+                        else None,
+                        progress=step_progress(step / max(total_steps - 1, 1), self.compile,
+                                               device),
+                        generator=gen, forward_start=fed.fed_start, forward_width=fed.fed_width,
+                        times=(times[i], times[i + 1]) if times is not None else None,
+                        memory=memory, extras={"n_masked": n_masked, "lengths": lengths,
+                                               "refresh": fed.refresh,
+                                               "total_steps": total_steps},
+                        model=step_model, refreshed=step_refreshed)
+                    ctl = dict(n_masked=n_masked, in_rows=in_rows, expected=expected,
+                               last=i == n_iter - 1, stall_limit=stall_limit,
+                               force_end=spans.get(bs, be) if i == n_iter - 1 and lo == p
+                               else None)
+                    out = run_step(parts, fed, logits, rows, live, canvas, masked, fresh,
+                                   eligible, budget, commit_at, commit_prob, info, ctl)
+                    state, commit, canvas, commit_prob = out.state, out.commit, out.canvas, \
+                        out.commit_prob
+                    forwards += step_model.calls
+                    if self.debug:
+                        check_commit(state, out.selected,
+                                     allow_empty=sel_caps.may_commit_nothing)
+                    step_forwards.append(1 + step_model.calls)
+                    if truncator is not None:
+                        new_len = truncator.truncate(state, commit).clamp(max=g)
+                        lengths = torch.minimum(lengths, new_len)
+                        dead = pos_idx[None] >= (p + lengths)[:, None]
+                        canvas = torch.where(dead, fill_id, canvas)  # the row ends at its EOS
+                        plan.restrict(torch.cat([~dead, ~dead]) if cfg_on else ~dead)
+                refreshed.append(step_refreshed)
                 took_part.append(active)
-                if truncator is not None:
-                    new_len = truncator.truncate(state, commit).clamp(max=g)
-                    lengths = torch.minimum(lengths, new_len)
-                    dead = pos_idx[None] >= (p + lengths)[:, None]
-                    canvas = torch.where(dead, fill_id, canvas)  # the row ends at its EOS
-                    plan.restrict(torch.cat([~dead, ~dead]) if cfg_on else ~dead)
                 if cfg.stop_at_eos and model.eos_token_ids:
                     canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id)
-                if on_step is not None:
+                if on_step is not None:  # never with the fused step (``span_selector``)
                     on_step(state, commit)
                 step += 1
         guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
@@ -364,40 +362,6 @@ class DiffusionSampler:
             backend = "inductor" if self.compile is True else str(self.compile)
             self._compiled = (device.type, compile_step(device, backend))
         return self._compiled[1]
-
-    # ---- layout --------------------------------------------------------------------------
-    def _layout(self, cfg: SamplerConfig, p: int, length: int) -> list[tuple[int, int, int]]:
-        """``[(start, end, aligned_start)]`` blocks in canvas coordinates."""
-        model = self.model
-        if model.attention == "block_causal":
-            if cfg.block_length is not None and cfg.block_length != model.block_size:
-                raise ValueError(f"block-diffusion models decode in their own block size "
-                                 f"({model.block_size}); got block_length={cfg.block_length}")
-            bsz = model.block_size
-            return [(s, e, (s // bsz) * bsz) for s, e in sch.aligned_blocks(p, length, bsz)]
-        k = cfg.block_length or cfg.gen_length
-        return [(s, e, s) for s, e in sch.blocks(p, cfg.gen_length, k)]
-
-    def _block_steps(self, cfg: SamplerConfig, layout: list[tuple[int, int, int]],
-                     caps: Capabilities) -> list[int] | None:
-        """Steps per block for budgeted policies (``None``: adaptive, open-ended blocks).
-
-        Prompt-relative blocks split ``steps`` evenly (LLaDA's rule, divisibility required).
-        Absolute-aligned blocks of block-diffusion models can be partial at either end; each
-        gets ``ceil(len * steps / G)`` steps, i.e. the same tokens per step.
-        """
-        timed = caps.proposes_after_select  # origin: Dream time grid
-        if not caps.budgeted and not timed:
-            return None
-        total = cfg.steps or cfg.gen_length
-        n_blocks = len(layout)
-        if self.model.attention == "block_causal":
-            return [max(1, -(-(e - s) * total // cfg.gen_length)) for s, e, _ in layout]
-        if total % n_blocks:
-            valid = [s for s in range(n_blocks, cfg.gen_length + 1, n_blocks)]
-            raise ValueError(f"steps ({total}) must be divisible by the number of blocks "
-                             f"({n_blocks}); e.g. one of {valid[:8]}")
-        return [total // n_blocks] * n_blocks
 
 
 def _bind(component: Any, model: Any, cfg: SamplerConfig) -> Any:

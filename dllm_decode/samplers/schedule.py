@@ -14,8 +14,14 @@ step on any family.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import torch
 from torch import Tensor
+
+if TYPE_CHECKING:
+    from dllm_decode.config import SamplerConfig
+    from dllm_decode.policies.capabilities import Capabilities
 
 
 def blocks(gen_start: int, gen_length: int, block_length: int) -> list[tuple[int, int]]:
@@ -73,3 +79,40 @@ def dream_budget(masked: Tensor, times: Tensor, step: int, steps: int,
     if step < steps - 1:
         n_masked = n_masked * (dream_fractions(times) if fractions is None else fractions)[step]
     return n_masked.long()  # floor: the count is >= 0
+
+
+def decode_layout(model: Any, cfg: SamplerConfig, p: int,
+                  length: int) -> list[tuple[int, int, int]]:
+    """``[(start, end, aligned_start)]`` blocks of a decode in canvas coordinates (prompt
+    length ``p``, canvas ``length``): prompt-relative blocks of ``block_length``, or the
+    absolute-aligned blocks of a block-diffusion model's own size."""
+    if model.attention == "block_causal":
+        if cfg.block_length is not None and cfg.block_length != model.block_size:
+            raise ValueError(f"block-diffusion models decode in their own block size "
+                             f"({model.block_size}); got block_length={cfg.block_length}")
+        bsz = model.block_size
+        return [(s, e, (s // bsz) * bsz) for s, e in aligned_blocks(p, length, bsz)]
+    k = cfg.block_length or cfg.gen_length
+    return [(s, e, s) for s, e in blocks(p, cfg.gen_length, k)]
+
+
+def steps_per_block(model: Any, cfg: SamplerConfig, layout: list[tuple[int, int, int]],
+                    caps: Capabilities) -> list[int] | None:
+    """Steps per block for budgeted policies (``None``: adaptive, open-ended blocks).
+
+    Prompt-relative blocks split ``steps`` evenly (LLaDA's rule, divisibility required).
+    Absolute-aligned blocks of block-diffusion models can be partial at either end; each
+    gets ``ceil(len * steps / G)`` steps, i.e. the same tokens per step.
+    """
+    timed = caps.proposes_after_select  # origin: Dream time grid
+    if not caps.budgeted and not timed:
+        return None
+    total = cfg.steps or cfg.gen_length
+    n_blocks = len(layout)
+    if model.attention == "block_causal":
+        return [max(1, -(-(e - s) * total // cfg.gen_length)) for s, e, _ in layout]
+    if total % n_blocks:
+        valid = [s for s in range(n_blocks, cfg.gen_length + 1, n_blocks)]
+        raise ValueError(f"steps ({total}) must be divisible by the number of blocks "
+                         f"({n_blocks}); e.g. one of {valid[:8]}")
+    return [total // n_blocks] * n_blocks

@@ -34,7 +34,6 @@ import math
 import random
 import shlex
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -225,7 +224,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
     ema = WeightAverage(model, cfg.ema) if cfg.ema else None
     if ema is not None and state.get("ema") is not None:  # resumed
         ema.load_state_dict(state["ema"])
-    averaged = ema.applied if ema is not None else _as_is
+    averaged = ema.applied if ema is not None else contextlib.nullcontext
     (out / "distill_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     params = sum(p.numel() for p in model.parameters())
     print(f"[testbed] {cfg.family}: {params / 1e6:.2f}M parameters, vocab "
@@ -302,11 +301,6 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
                "versions": {"torch": torch.__version__}}
     (run_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
-
-
-@contextlib.contextmanager
-def _as_is(model: DecoderLM) -> Iterator[DecoderLM]:
-    yield model
 
 
 def _truncate(path: Path, last_step: int) -> None:

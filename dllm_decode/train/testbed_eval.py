@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import Tensor
 
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.testbed import (
@@ -22,7 +23,6 @@ from dllm_decode.train.testbed import (
 EVEN_SPLIT = "llada"
 
 
-@torch.no_grad()
 def held_out_prompts(oracle: WaitingLineOracle, task: str, n: int, seed: int | None = None,
                      split: str = "test") -> tuple[list[dict[str, Any]], list[list[int]]]:
     """``n`` records of ``task`` from ``split`` (its own generator seed, offset by ``seed``)
@@ -34,6 +34,7 @@ def held_out_prompts(oracle: WaitingLineOracle, task: str, n: int, seed: int | N
     return records, [oracle.encode_prompt(task, r) for r in records]
 
 
+@torch.no_grad()
 def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | None = None,
                  tasks: Sequence[str] = TESTBED_TASKS, policy: str = "low_confidence",
                  split: str = "test", **sampler_kwargs: Any) -> dict[str, list[dict[str, Any]]]:
@@ -85,6 +86,25 @@ def evaluate_testbed(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int
     return scores
 
 
+def ambiguous_state(model: Any, oracle: WaitingLineOracle, prompt: list[int]
+                    ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """A prompt's *ambiguous state* (every answer position on which all valid answers agree
+    committed, the others masked) and both conditionals there: ``(table [A, G] valid answers,
+    region [G] the state, q [G, V] the oracle's float64 marginals, logp [G, V] the model's
+    float64 log-probabilities with the mask token removed)``. The prompt runs alone (no
+    padding); ``q`` and ``logp`` are only computed when something is masked (else ``None``)."""
+    g, mask_id = TESTBED_GEN_LENGTH, oracle.mask_token_id
+    table = oracle.answer_table(prompt, g)
+    region = torch.where((table == table[0]).all(0), table[0], mask_id)  # [G]
+    if not bool((region == mask_id).any()):  # a single valid answer: no forward
+        return table, region, None, None
+    q = oracle.marginals(table, region[None])[0]
+    tokens = torch.tensor(prompt + region.tolist())[None]
+    logits = model(tokens, torch.arange(tokens.shape[1])[None])[0, len(prompt):]
+    logits = logits.double().index_fill(-1, torch.tensor([mask_id]), -torch.inf)
+    return table, region, q, torch.log_softmax(logits, -1)
+
+
 @torch.no_grad()
 def ambiguous_state_fit(model: Any, oracle: WaitingLineOracle, n: int, task: str, *,
                         seed: int | None = None, split: str = "test") -> dict[str, float]:
@@ -103,20 +123,14 @@ def ambiguous_state_fit(model: Any, oracle: WaitingLineOracle, n: int, task: str
     with at least one such position, and ``positions`` the masked positions per prompt.
     Each prompt runs alone (no padding), greedy logits with the mask token removed.
     """
-    g, mask_id = TESTBED_GEN_LENGTH, oracle.mask_token_id
     _, prompts = held_out_prompts(oracle, task, n, seed, split)
     kl = miss = positions = missed = 0.0
     for prompt in prompts:
-        table = oracle.answer_table(prompt, g)
-        region = torch.where((table == table[0]).all(0), table[0], mask_id)  # [G]
-        open_ = region == mask_id
-        if not open_.any():  # a single valid answer: nothing contested, no forward
+        _, region, q, logp = ambiguous_state(model, oracle, prompt)
+        if q is None:  # nothing contested
             continue
-        q = oracle.marginals(table, region[None])[0]  # [G, V] float64
-        tokens = torch.tensor(prompt + region.tolist())[None]
-        logits = model(tokens, torch.arange(tokens.shape[1])[None])[0, len(prompt):]
-        logits = logits.double().index_fill(-1, torch.tensor([mask_id]), -torch.inf)
-        q_open, logp_open = q[open_], torch.log_softmax(logits, -1)[open_]
+        open_ = region == oracle.mask_token_id
+        q_open, logp_open = q[open_], logp[open_]
         kl += float(torch.where(q_open > 0, q_open * (q_open.log() - logp_open), 0.0).sum())
         best = q_open.gather(1, logp_open.argmax(-1, keepdim=True))[:, 0]
         wrong = best < q_open.amax(-1) - 1e-9
@@ -143,11 +157,10 @@ def insert_slot_calibration(model: Any, oracle: WaitingLineOracle, n: int, *,
     ``oracle_x``, ``model_left``, ``oracle_left``, ``model_right``, ``oracle_right``,
     ``argmax_x``.
     """
-    g, mask_id = TESTBED_GEN_LENGTH, oracle.mask_token_id
     _, prompts = held_out_prompts(oracle, "insert_random", n, seed, split)
     sums: dict[tuple[int, int], torch.Tensor] = {}
     for prompt in prompts:
-        table = oracle.answer_table(prompt, g)  # [A, G]: one row per insertion slot, in order
+        table, _, q, logp = ambiguous_state(model, oracle, prompt)  # table: one row per slot
         slots = (table != table[0]).any(0).nonzero().flatten()  # the contested name slots
         names = table[:, slots]  # [A, S]; row a holds the inserted name at slot a
         a, length = names.shape[0], names.shape[1] - 1
@@ -155,11 +168,7 @@ def insert_slot_calibration(model: Any, oracle: WaitingLineOracle, n: int, *,
         if inserted is None or not bool((inserted == inserted[0]).all()):
             continue  # the inserted name repeats a listed one: the slots are not all contested
         x, original = int(inserted[0]), names[-1, :-1].tolist()
-        region = torch.where((table == table[0]).all(0), table[0], mask_id)
-        q = oracle.marginals(table, region[None])[0]  # [G, V]
-        tokens = torch.tensor(prompt + region.tolist())[None]
-        logits = model(tokens, torch.arange(tokens.shape[1])[None])[0, len(prompt):]
-        p = logits.double().index_fill(-1, torch.tensor([mask_id]), -torch.inf).softmax(-1)
+        p = logp.exp()
         for s, pos in enumerate(slots.tolist()):
             left = original[s - 1] if s > 0 else None
             right = original[s] if s < length else None
