@@ -123,3 +123,20 @@ def test_testbed_parallel_slots_writes_one_row_per_length_and_slot(tmp_path, cap
     assert all(float(r["argmax_x"]) == 0 and abs(float(r["model_x"]) - float(r["oracle_x"])) < 1e-3
                for r in rows)
     assert "| oracle | " in capsys.readouterr().out
+
+
+def test_testbed_parallel_draws_checks_every_draw_against_the_oracle(tmp_path, capsys) -> None:
+    """``--draws``: per (model, task, k) the accuracy of each draw; the oracle against itself
+    is within the tolerance on every draw."""
+    tp = _script("testbed_parallel")
+    tp.RESULTS = tmp_path
+    assert tp.main(["--draws", "2", "--models", "oracle", "--n", "3", "--tag", "t"]) == 0
+    rows = list(csv.DictReader((tmp_path / "t_draws.csv").open()))
+    assert {(r["task"], r["k"]) for r in rows} == {
+        (t, k) for t in ("shuffle", "insert_random", "replace_random", "remove_random")
+        for k in ("4", "8")}
+    for r in rows:
+        per = [float(v) for v in r["per_draw"].split()]
+        assert len(per) == 2 and r["within_10"] == "2" and r["seeds"] == "0-1"
+        assert float(r["mean"]) == float(r["oracle_mean"]) == sum(per) / 2
+    assert "| oracle | insert_random | 4 |" in capsys.readouterr().out

@@ -177,7 +177,8 @@ def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thre
     from dllm_decode.train.ema import WeightAverage
 
     common = dict(family="llada", hidden=32, layers=1, heads=2, intermediate=64, batch_size=4,
-                  log_every=2, ckpt_every=2, eval_every=0, eval_size=1, ema=0.5)
+                  log_every=2, ckpt_every=2, eval_every=0, eval_size=1, ema=0.5,
+                  log_error_weight=0.5)
     distill(DistillConfig(out=str(tmp_path / "a"), steps=4, **common))
     distill(DistillConfig(out=str(tmp_path / "b"), steps=2, **common))
     distill(DistillConfig(out=str(tmp_path / "b"), steps=4, resume=True, **common))
@@ -500,3 +501,30 @@ def test_task_weight_overrides_the_draw_weights() -> None:
     for bad in ("sort=2", "insert_random", "shuffle=-1", "shuffle=x"):
         with pytest.raises(ValueError, match="task_weight"):
             DistillConfig(task_weight=bad)
+
+
+def test_support_log_error_fits_the_log_probabilities_of_plausible_tokens() -> None:
+    from dllm_decode.train.distill import DistillConfig, support_log_error
+
+    targets = torch.tensor([[[0.0, 0.2, 0.4, 0.4], [0.0, 0.0, 1.0, 0.0]]])
+    exact = targets.clamp_min(1e-30).log() + 3.0  # any shift of the logits is the same fit
+    exact[..., 0] = -40.0  # an impossible token at (almost) no mass
+    assert support_log_error(exact.log_softmax(-1), targets).abs().max() < 1e-6
+    # a 0.2 name pushed up by 0.6 nat: every plausible token's log-probability moves
+    off = exact.clone()
+    off[0, 0, 1] += 0.6
+    logp = off.log_softmax(-1)
+    value = support_log_error(logp, targets)
+    d = logp[0, 0, 1:] - targets[0, 0, 1:].log()
+    assert torch.allclose(value[0, 0], d.square().mean())
+    assert value[0, 1].abs() < 1e-6  # a certain position predicted so adds nothing
+    # mass moved onto an impossible token is an error too (a centred fit would not see it)
+    leaky = exact.clone()
+    leaky[0, 1, 0] = leaky[0, 1, 2]  # half the mass of the certain position leaks
+    assert support_log_error(leaky.log_softmax(-1), targets)[0, 1] > 0.4
+    # the gradient lowers the over-predicted name and raises the other two
+    off.requires_grad_(True)
+    support_log_error(off.log_softmax(-1), targets).sum().backward()
+    assert off.grad[0, 0, 1] > 0 and (off.grad[0, 0, 2:] < 0).all()
+    with pytest.raises(ValueError, match="log_error_weight"):
+        DistillConfig(log_error_weight=-1.0)

@@ -54,6 +54,9 @@ class DistillConfig:
     #: weight averaging (``train.ema``): evaluations and the exported model use the exponential
     #: moving average of the weights with this decay (0: off, the last iterate)
     ema: float = 0.0
+    #: weight of ``distill.support_log_error``, the squared error of the log-probabilities of
+    #: each position's plausible tokens, added to the soft cross-entropy (0: off)
+    log_error_weight: float = 0.0
 
     def __post_init__(self) -> None:
         if self.family not in ("llada", "dream", "sdar"):
@@ -70,6 +73,8 @@ class DistillConfig:
             raise ValueError(f"onpolicy_k must be >= 1, got {self.onpolicy_k}")
         if not 0 <= self.ema < 1:
             raise ValueError(f"ema must lie in [0, 1) (0: off), got {self.ema}")
+        if not self.log_error_weight >= 0:
+            raise ValueError(f"log_error_weight must be >= 0, got {self.log_error_weight}")
         parse_task_weights(self.task_weight)  # raises on a bad spec
         if self.grow_from and not Path(self.grow_from).is_file():
             raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
