@@ -45,10 +45,20 @@ KS = (1, 4, 8)
 TIE_NOISE, TIE_SEEDS = 0.01, (0, 1, 2, 3, 4)
 
 
-def accuracy(model: Any, n: int, seed: int, k: int) -> dict[str, float]:
+def accuracy(model: Any, n: int, seed: int, k: int,
+             tasks: tuple[str, ...] = TESTBED_TASKS) -> dict[str, float]:
+    """Valid answers % per task at ``k`` tokens per step on ``n`` held-out prompts."""
     oracle = waiting_line_oracle()
-    rows = decode_tasks(model, oracle, n, seed=seed, steps=16 // k)
+    rows = decode_tasks(model, oracle, n, seed=seed, steps=16 // k, tasks=tasks)
     return {t: 100 * sum(r["valid"] for r in v) / len(v) for t, v in rows.items()}
+
+
+def named_model(name: str) -> Any:
+    """``load_model(name)``, or the exact oracle for ``"oracle"`` (one thread for timings)."""
+    from dllm_decode import load_model
+
+    torch.set_num_threads(1)
+    return waiting_line_oracle() if name == "oracle" else load_model(name)
 
 
 def target_met(row: dict[str, Any], oracle: str, deterministic: bool) -> bool:
@@ -60,10 +70,7 @@ def target_met(row: dict[str, Any], oracle: str, deterministic: bool) -> bool:
 
 
 def table(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
-    from dllm_decode import load_model
-
-    torch.set_num_threads(1)
-    teacher = {k: accuracy(waiting_line_oracle(), n, seed, k) for k in KS}
+    teacher = {k: accuracy(named_model("oracle"), n, seed, k) for k in KS}
     # the exact oracle breaks tied marginals toward the lowest id, so parallel commits of a
     # random task collide by construction; the same conditionals with ties broken by tiny seeded
     # noise (mean of TIE_SEEDS draws) predict what a model with arbitrary tie-breaking gets
@@ -72,7 +79,7 @@ def table(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
                 for t in TESTBED_TASKS} for k in KS[1:]}
     out = []
     for name in models:
-        model = load_model(name)
+        model = named_model(name)
         mine = {k: accuracy(model, n, seed, k) for k in KS}
         for task in TESTBED_TASKS:
             row: dict[str, Any] = {"model": name, "task": task, "n": n, "seed": seed}
@@ -91,13 +98,10 @@ def table(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
 def fit_rows(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
     """``ambiguous_state_fit`` of each model (``oracle``: the exact oracle) on the random tasks:
     why its parallel cells land where they do."""
-    from dllm_decode import load_model
-
-    torch.set_num_threads(1)
     oracle = waiting_line_oracle()
     out = []
     for name in models:
-        model = oracle if name == "oracle" else load_model(name)
+        model = named_model(name)
         for task in RANDOM_TASKS:
             fit = ambiguous_state_fit(model, oracle, n, task, seed=seed)
             out.append({"model": name, "task": task, "n": n, "seed": seed,
@@ -119,24 +123,19 @@ def draw_rows(models: list[str], n: int, seed: int, draws: int) -> list[dict[str
     accuracy of every draw, the exact oracle's on the same draws, and how many draws sit
     within 10 points of it. The target is checked on prompts nobody tuned for, so one draw
     is not enough: at 50 prompts a 6 % cell has a binomial spread of about +- 3.4 points."""
-    from dllm_decode import load_model
-
-    torch.set_num_threads(1)
-    oracle = waiting_line_oracle()
     seeds = range(seed, seed + draws)
-    tasks = tuple(t for t in TESTBED_TASKS if t in RANDOM_TASKS)
 
     def cells(model: Any, k: int) -> dict[str, list[float]]:
-        per = [decode_tasks(model, oracle, n, seed=s, steps=16 // k, tasks=tasks) for s in seeds]
-        return {t: [100 * sum(r["valid"] for r in d[t]) / n for d in per] for t in tasks}
+        per = [accuracy(model, n, s, k, RANDOM_TASKS) for s in seeds]
+        return {t: [d[t] for d in per] for t in RANDOM_TASKS}
 
-    teacher = {k: cells(oracle, k) for k in KS[1:]}
+    teacher = {k: cells(named_model("oracle"), k) for k in KS[1:]}
     out = []
     for name in models:
-        model = oracle if name == "oracle" else load_model(name)
+        model = named_model(name)
         for k in KS[1:]:
-            mine = cells(model, k)
-            for task in tasks:
+            mine = teacher[k] if name == "oracle" else cells(model, k)
+            for task in RANDOM_TASKS:
                 gaps = [abs(a - b) for a, b in zip(mine[task], teacher[k][task], strict=True)]
                 out.append({"model": name, "task": task, "k": k, "n": n, "seeds":
                             f"{seed}-{seed + draws - 1}", "mean": round(sum(mine[task]) / draws, 2),
@@ -158,13 +157,10 @@ def draw_markdown(rows: list[dict[str, Any]]) -> str:
 
 def slot_rows(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
     """``insert_slot_calibration`` of each model (``oracle``: the exact oracle)."""
-    from dllm_decode import load_model
-
-    torch.set_num_threads(1)
     oracle = waiting_line_oracle()
     out = []
     for name in models:
-        model = oracle if name == "oracle" else load_model(name)
+        model = named_model(name)
         for row in insert_slot_calibration(model, oracle, n, seed=seed):
             out.append({"model": name, "n": n, "seed": seed,
                         **{k: round(v, 4) for k, v in row.items()}})

@@ -173,7 +173,12 @@ def test_distill_runs_resumes_and_exports(tmp_path: Path, one_thread: None) -> N
 
 def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thread: None) -> None:
     from dllm_decode import load_model
-    from dllm_decode.train.distill import DistillConfig, distill, export_checkpoint
+    from dllm_decode.train.distill import (
+        DistillConfig,
+        distill,
+        export_checkpoint,
+        export_weights,
+    )
     from dllm_decode.train.ema import WeightAverage
 
     common = dict(family="llada", hidden=32, layers=1, heads=2, intermediate=64, batch_size=4,
@@ -194,6 +199,10 @@ def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thre
     assert torch.equal(exported[key].float(), a["ema"][key].half().float())
     export_checkpoint(tmp_path / "a", tmp_path / "again")
     assert torch.equal(load_model(tmp_path / "again").state_dict()[key], exported[key])
+    export_weights(tmp_path / "a", tmp_path / "weights.pt")  # what a bundled stage keeps
+    kept = torch.load(tmp_path / "weights.pt", weights_only=False)
+    assert set(kept) == {"model", "step", "wall_s", "config"}
+    assert torch.equal(kept["model"][key].float(), exported[key].float())
     with pytest.raises(ValueError, match="ema must lie in"):
         DistillConfig(ema=1.0)
     with pytest.raises(ValueError, match="decay must lie in"):

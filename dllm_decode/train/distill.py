@@ -302,6 +302,27 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
     return summary
 
 
+def evaluated_student(state: dict[str, Any], oracle: WaitingLineOracle) -> DecoderLM:
+    """The model a training checkpoint evaluates and exports: its weights, replaced by the
+    run's weight average where it has one."""
+    model = build_student(DistillConfig(**state["config"]), oracle)
+    model.load_state_dict(state["model"])
+    if state.get("ema") is not None:
+        model.load_state_dict(state["ema"], strict=False)
+    return model
+
+
+def export_weights(run_dir: str | Path, path: str | Path) -> None:
+    """Save a run's evaluated weights (``evaluated_student``) in fp16, weights only
+    (``{model, step, wall_s, config}``): the file a bundled stage keeps, equal to the exported
+    model and loadable by ``--grow-from``."""
+    state = torch.load(Path(run_dir) / "checkpoint.pt", weights_only=False)
+    model = evaluated_student(state, waiting_line_oracle())
+    torch.save({"model": {k: v.half() for k, v in model.state_dict().items()},
+                "step": state["step"], "wall_s": state["wall_s"], "config": state["config"]},
+               path)
+
+
 def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, Any]:
     """Export a run's latest ``checkpoint.pt`` (finished or not) as a checkpoint directory,
     and write ``run.json`` for it; returns that summary."""
@@ -309,12 +330,8 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
 
     run_dir = Path(run_dir)
     state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
-    cfg = DistillConfig(**state["config"])
-    oracle = waiting_line_oracle()
-    model = build_student(cfg, oracle)
-    model.load_state_dict(state["model"])
-    if state.get("ema") is not None:  # the run's weight average is what it evaluates
-        model.load_state_dict(state["ema"], strict=False)
+    cfg, oracle = DistillConfig(**state["config"]), waiting_line_oracle()
+    model = evaluated_student(state, oracle)
     export_testbed(untie(model).eval(), oracle, directory)
     summary = {"command": command_line(cfg), "config": dataclasses.asdict(cfg),
                "parameters": sum(p.numel() for p in untie(model).parameters()),
