@@ -202,6 +202,21 @@ def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thre
     export_weights(tmp_path / "a", tmp_path / "weights.pt")  # what a bundled stage keeps
     kept = torch.load(tmp_path / "weights.pt", weights_only=False)
     assert set(kept) == {"model", "step", "wall_s", "config"}
+    # --grow-average continues from the average (what was evaluated), not the last iterate
+    from dllm_decode.train.distill import _grow_weights
+
+    ckpt = str(tmp_path / "a/checkpoint.pt")
+    start = _grow_weights(DistillConfig(grow_from=ckpt, grow_average=True, **common))
+    assert torch.equal(start[key], a["ema"][key]) and set(start) == set(a["model"])
+    assert torch.equal(_grow_weights(DistillConfig(grow_from=ckpt, **common))[key],
+                       a["model"][key])
+    grown = distill(DistillConfig(out=str(tmp_path / "c"), steps=2, grow_from=ckpt,
+                                  grow_average=True, **common))
+    assert "--grow-average" in grown["command"]
+    with pytest.raises(ValueError, match="holds no weight average"):
+        _grow_weights(DistillConfig(grow_from=str(tmp_path / "weights.pt"), grow_average=True))
+    with pytest.raises(ValueError, match="grow_average needs grow_from"):
+        DistillConfig(grow_average=True)
     assert torch.equal(kept["model"][key].float(), exported[key].float())
     with pytest.raises(ValueError, match="ema must lie in"):
         DistillConfig(ema=1.0)

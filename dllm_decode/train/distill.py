@@ -242,7 +242,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         for name in ("loss.csv", "eval.csv"):  # drop rows logged after the checkpoint
             _truncate(out / name, start)
     elif cfg.grow_from:
-        grow_into(model, torch.load(cfg.grow_from, weights_only=False)["model"])
+        grow_into(model, _grow_weights(cfg))
     ema = WeightAverage(model, cfg.ema) if cfg.ema else None
     if ema is not None and state.get("ema") is not None:  # resumed
         ema.load_state_dict(state["ema"])
@@ -300,6 +300,19 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         export_testbed(untie(model), oracle, out / "model")
     (out / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
+
+
+def _grow_weights(cfg: DistillConfig) -> dict[str, torch.Tensor]:
+    """The weights a ``grow_from`` run starts from: the checkpoint's last iterate, or with
+    ``grow_average`` its weight average over it."""
+    source = torch.load(cfg.grow_from, weights_only=False)
+    weights = dict(source["model"])
+    if cfg.grow_average:
+        if source.get("ema") is None:
+            raise ValueError(f"grow_average: {cfg.grow_from} holds no weight average (train "
+                             "it with --ema, or drop --grow-average)")
+        weights.update(source["ema"])
+    return weights
 
 
 def evaluated_student(state: dict[str, Any], oracle: WaitingLineOracle) -> DecoderLM:

@@ -44,6 +44,9 @@ class DistillConfig:
     ckpt_every: int = 250
     resume: bool = False
     grow_from: str = ""
+    #: start a ``grow_from`` run from that checkpoint's weight average (its ``ema`` entry, the
+    #: weights it evaluated and exported) instead of its last iterate
+    grow_average: bool = False
     eos_cut_frac: float = 0.0
     onpolicy_frac: float = 0.0
     #: tokens per step of the on-policy rollouts (1: one token per step; 4 / 8: the states a
@@ -78,6 +81,8 @@ class DistillConfig:
         parse_task_weights(self.task_weight)  # raises on a bad spec
         if self.grow_from and not Path(self.grow_from).is_file():
             raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
+        if self.grow_average and not self.grow_from:
+            raise ValueError("grow_average needs grow_from (the checkpoint whose average to use)")
 
     def task_weights(self) -> dict[str, float]:
         """Draw weight per task: ``random_weight`` for the three random tasks whose answers
