@@ -302,26 +302,31 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
     return summary
 
 
-def _grow_weights(cfg: DistillConfig) -> dict[str, torch.Tensor]:
-    """The weights a ``grow_from`` run starts from: the checkpoint's last iterate, or with
-    ``grow_average`` its weight average over it."""
-    source = torch.load(cfg.grow_from, weights_only=False)
-    weights = dict(source["model"])
-    if cfg.grow_average:
-        if source.get("ema") is None:
-            raise ValueError(f"grow_average: {cfg.grow_from} holds no weight average (train "
-                             "it with --ema, or drop --grow-average)")
-        weights.update(source["ema"])
+def averaged_weights(state: dict[str, Any]) -> dict[str, Tensor]:
+    """A training checkpoint's weights with the run's weight average (``ema``) in place of the
+    last iterate where it has one: the weights the run evaluates and exports."""
+    weights = dict(state["model"])
+    if state.get("ema") is not None:
+        weights.update(state["ema"])
     return weights
 
 
+def _grow_weights(cfg: DistillConfig) -> dict[str, Tensor]:
+    """The weights a ``grow_from`` run starts from: the checkpoint's last iterate, or with
+    ``grow_average`` its weight average over it."""
+    source = torch.load(cfg.grow_from, weights_only=False)
+    if not cfg.grow_average:
+        return source["model"]
+    if source.get("ema") is None:
+        raise ValueError(f"grow_average: {cfg.grow_from} holds no weight average (train it "
+                         "with --ema, or drop --grow-average)")
+    return averaged_weights(source)
+
+
 def evaluated_student(state: dict[str, Any], oracle: WaitingLineOracle) -> DecoderLM:
-    """The model a training checkpoint evaluates and exports: its weights, replaced by the
-    run's weight average where it has one."""
+    """The model a training checkpoint evaluates and exports (``averaged_weights``)."""
     model = build_student(DistillConfig(**state["config"]), oracle)
-    model.load_state_dict(state["model"])
-    if state.get("ema") is not None:
-        model.load_state_dict(state["ema"], strict=False)
+    model.load_state_dict(averaged_weights(state))
     return model
 
 
