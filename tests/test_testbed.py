@@ -372,6 +372,53 @@ def test_onpolicy_rows_of_a_parallel_decode_keep_whole_steps() -> None:
         DistillConfig(onpolicy_k=0)
 
 
+def test_onpolicy_hard_rows_stop_at_the_first_disagreement_with_the_oracle() -> None:
+    """``hard=1``: every row stops just before the first step of the student's 4-per-step
+    rollout that commits a token the exact oracle does not rank first at that state (checked
+    step by step here); a student that never disagrees (the exact oracle itself) keeps the
+    random stops, so ``hard`` changes nothing for it."""
+    from dllm_decode import DiffusionSampler
+    from dllm_decode.train.distill import DistillConfig, make_batch
+    from dllm_decode.train.onpolicy import onpolicy_rows
+
+    oracle = waiting_line_oracle()
+    mask_id = oracle.mask_token_id
+    batch = make_batch(DistillConfig(batch_size=16, task_weight="insert_random=20"), oracle, 9)
+    tokens, valid, masked, targets, p = batch
+    student = oracle.calibrated(floor=1e-6, noise=0.7, seed=5)  # disagrees at near-ties
+    t2, v2, m2, tg2 = onpolicy_rows(student, oracle, 1.0, 4, tokens, valid, masked, targets, p,
+                                    per_step=4, hard=1.0)
+    stopped = 0
+    for i in range(16):
+        # the same left-padded canvas as the rollout (the noise is keyed on the prompt ids)
+        run = DiffusionSampler(student, "low_confidence", gen_length=16, steps=4,
+                               block_length=16, schedule="llada").generate(
+            t2[i:i + 1, :p], v2[i:i + 1, :p].long())
+        table = oracle.answer_table(t2[i, :p][v2[i, :p]].tolist(), 16)
+        order, answer = run.commit_step[0], run.answer[0]
+        first = None
+        for j in range(4):
+            state = torch.where((order >= 0) & (order < j), answer, mask_id)
+            probs = oracle.marginals(table, state[None])[0]
+            step = order == j
+            if (probs[step].max(-1).values > probs[step, answer[step]] + 1e-9).any():
+                first = j
+                break
+        known = t2[i, p:] != mask_id
+        if first is not None:
+            stopped += 1
+            assert torch.equal(known, (order >= 0) & (order < first))
+            assert torch.equal(t2[i, p:][known], answer[known])
+        assert torch.equal(m2[i], ~known)
+        assert torch.allclose(tg2[i], oracle.marginals(table, t2[i:i + 1, p:])[0].float())
+    assert stopped >= 4
+    plain = onpolicy_rows(oracle, oracle, 1.0, 4, *batch[:4], p, per_step=4)
+    hard = onpolicy_rows(oracle, oracle, 1.0, 4, *batch[:4], p, per_step=4, hard=1.0)
+    assert all(torch.equal(a, b) for a, b in zip(plain, hard, strict=True))
+    with pytest.raises(ValueError, match="onpolicy_hard must lie in"):
+        DistillConfig(onpolicy_hard=-0.5)
+
+
 def test_ambiguous_state_fit_is_zero_for_the_oracle_and_measures_a_students_error() -> None:
     """The oracle fits its own ambiguous states exactly; a learned model does not (the
     test-bed students misrank the contested names of insert_random); a deterministic task has

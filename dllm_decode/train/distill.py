@@ -261,7 +261,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         if cfg.onpolicy_frac and step >= cfg.scramble_steps:  # the student's own states
             tokens, valid, masked, targets = onpolicy_rows(
                 model, oracle, cfg.onpolicy_frac, (cfg.seed << 32) + step, tokens, valid,
-                masked, targets, p, per_step=cfg.onpolicy_k)
+                masked, targets, p, per_step=cfg.onpolicy_k, hard=cfg.onpolicy_hard)
         loss, kl = distill_loss(model, tokens, valid, masked, targets, p, cfg.log_error_weight)
         opt.zero_grad(set_to_none=True)
         loss.backward()

@@ -52,6 +52,9 @@ class DistillConfig:
     #: tokens per step of the on-policy rollouts (1: one token per step; 4 / 8: the states a
     #: parallel ``low_confidence`` decode visits, where its joint commits are decided)
     onpolicy_k: int = 1
+    #: share of the on-policy rows stopped at the rollout's first disagreement with the
+    #: oracle's argmax instead of a random step (``onpolicy.first_disagreement``)
+    onpolicy_hard: float = 0.0
     #: per-task draw weights overriding the defaults, ``"insert_random=8,shuffle=4"``
     task_weight: str = ""
     #: weight averaging (``train.ema``): evaluations and the exported model use the exponential
@@ -72,6 +75,8 @@ class DistillConfig:
             raise ValueError(f"eos_cut_frac must lie in [0, 1], got {self.eos_cut_frac}")
         if not 0 <= self.onpolicy_frac <= 1:
             raise ValueError(f"onpolicy_frac must lie in [0, 1], got {self.onpolicy_frac}")
+        if not 0 <= self.onpolicy_hard <= 1:
+            raise ValueError(f"onpolicy_hard must lie in [0, 1], got {self.onpolicy_hard}")
         if self.onpolicy_k < 1:
             raise ValueError(f"onpolicy_k must be >= 1, got {self.onpolicy_k}")
         if not 0 <= self.ema < 1:

@@ -9,7 +9,10 @@ low-confidence decoding picks them first (a random order avoids most of them).
 one-token-per-step ``low_confidence`` decode (the sampler's own), each stopped after a random
 number of commits or just before its first commit that no valid answer contains. The oracle's exact
 conditionals of those states are the targets, so the loss lands where the student's decode goes
-wrong.
+wrong. With ``hard`` > 0 that share of the rows is instead stopped just before the rollout's
+first step that commits a token the oracle does not rank first at that state (a disagreement
+with the teacher's argmax, which decides a greedy commit), where the rollout has one; in a
+parallel decode these are the steps that complete a random task's answer by chance.
 
 S. Ross, G. Gordon, D. Bagnell, "A Reduction of Imitation Learning and Structured Prediction
 to No-Regret Online Learning" (AISTATS 2011): training on the learner's own state
@@ -29,7 +32,8 @@ from dllm_decode.models.oracle import WaitingLineOracle
 def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
                   tokens: Tensor, valid: Tensor, masked: Tensor, targets: Tensor,
                   prompt_width: int, *,
-                  per_step: int = 1) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+                  per_step: int = 1, hard: float = 0.0
+                  ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """A batch with ``round(frac * B)`` rows replaced by on-policy states (see the module).
 
     The states come from the library's own decode (``DiffusionSampler`` with
@@ -46,6 +50,9 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
         masked: ``[B, G]`` bool masked answer positions; ``targets``: ``[B, G, V]`` float32.
         prompt_width: ``P``, where the answer region starts.
         per_step: tokens committed per rollout step (the even split of ``G`` over the steps).
+        hard: share of the replaced rows, in ``[0, 1]``, stopped at the state before the
+            rollout's first step that commits a token outside the oracle's most likely ones
+            at that state (a disagreement); rows without one keep their random stop.
 
     Returns: ``(tokens, valid, masked, targets)``, new tensors (the inputs are not modified).
     """
@@ -61,6 +68,8 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     rows = torch.randperm(b, generator=gen)[:n]
     steps = -(-g // per_step)
     stop = torch.randint(0, steps, (n,), generator=gen)  # steps to keep per row
+    # drawn only when asked, so runs without it keep their rows and stops
+    hard_rows = torch.rand(n, generator=gen) < hard if hard else torch.zeros(n, dtype=torch.bool)
     training = model.training
     model.eval()
     try:
@@ -84,7 +93,11 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
         ok = ((table[None] == state[:, None]) | (state[:, None] == mask_id)).all(-1).any(-1)
         # stop before the first commit that no valid answer contains
         last_ok = int(ok.long().cumprod(0).sum()) - 1
-        regions.append(state[min(int(stop[row]), last_ok)])
+        keep = int(stop[row])
+        if hard_rows[row]:
+            keep = first_disagreement(oracle, table, state, out.answer[row],
+                                      out.commit_step[row], keep)
+        regions.append(state[min(keep, last_ok)])
     region = torch.stack(regions)
     new_targets = torch.cat([oracle.marginals(tab, r[None]) for tab, r in
                              zip(tables, region, strict=True)]).to(targets.dtype)
@@ -93,3 +106,26 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     tokens[rows, p:], valid[rows, p:] = region, True  # a fresh answer region (no EOS cut)
     masked[rows], targets[rows] = region == mask_id, new_targets
     return tokens, valid, masked, targets
+
+
+def first_disagreement(oracle: WaitingLineOracle, table: Tensor, states: Tensor,
+                       answer: Tensor, commit_step: Tensor, default: int) -> int:
+    """The first step of a rollout that commits a token the oracle does not rank first.
+
+    Args:
+        table: ``[M, G]`` the prompt's valid answers; ``states``: ``[S + 1, G]`` the rollout's
+            state before each step (``states[j]`` keeps the commits of steps ``< j``).
+        answer, commit_step: ``[G]`` the rollout's tokens and the step each was committed at
+            (``-1``: never).
+        default: returned when every commit is one of the oracle's most likely tokens.
+
+    Returns: ``j`` such that a token committed at step ``j`` has a lower exact conditional
+    at ``states[j]`` than that position's most likely token (ties count as agreement).
+    """
+    probs = oracle.marginals(table, states)  # [S + 1, G, V]
+    at = commit_step.clamp_min(0)
+    pos = torch.arange(answer.shape[0])
+    chosen = probs[at, pos, answer]
+    best = probs[at, pos].max(-1).values
+    miss = (commit_step >= 0) & (chosen < best - 1e-9)
+    return int(commit_step[miss].min()) if bool(miss.any()) else default
