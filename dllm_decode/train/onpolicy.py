@@ -119,8 +119,9 @@ def first_disagreement(oracle: WaitingLineOracle, table: Tensor, states: Tensor,
             (``-1``: never).
         default: returned when every commit is one of the oracle's most likely tokens.
 
-    Returns: ``j`` such that a token committed at step ``j`` has a lower exact conditional
-    at ``states[j]`` than that position's most likely token (ties count as agreement).
+    Returns: the smallest ``j`` at which a token committed at step ``j`` has a lower exact
+    conditional at ``states[j]`` than that position's most likely token (ties count as
+    agreement).
     """
     probs = oracle.marginals(table, states)  # [S + 1, G, V]
     at = commit_step.clamp_min(0)
