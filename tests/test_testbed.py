@@ -23,7 +23,7 @@ from dllm_decode.train.testbed import (
     waiting_line_records,
     write_tokenizer,
 )
-from dllm_decode.train.testbed_eval import decode_tasks
+from dllm_decode.train.testbed_eval import EVEN_SPLIT, decode_tasks
 
 ROOT = Path(__file__).resolve().parents[1]
 G = TESTBED_GEN_LENGTH
@@ -199,6 +199,17 @@ def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thre
     assert torch.equal(exported[key].float(), a["ema"][key].half().float())
     export_checkpoint(tmp_path / "a", tmp_path / "again")
     assert torch.equal(load_model(tmp_path / "again").state_dict()[key], exported[key])
+    # the run's evaluation schedule survives an export (model cards read it from run.json):
+    # from the checkpoint, else from the run.json already there, else absent
+    run_json = tmp_path / "a/run.json"
+    assert json.loads(run_json.read_text())["eval_schedule"] == EVEN_SPLIT
+    old = dict(a)
+    del old["eval_schedule"]  # a checkpoint written before the key existed
+    torch.save(old, tmp_path / "a/checkpoint.pt")
+    assert export_checkpoint(tmp_path / "a", tmp_path / "again")["eval_schedule"] == EVEN_SPLIT
+    run_json.unlink()
+    assert "eval_schedule" not in export_checkpoint(tmp_path / "a", tmp_path / "again")
+    torch.save(a, tmp_path / "a/checkpoint.pt")
     export_weights(tmp_path / "a", tmp_path / "weights.pt")  # what a bundled stage keeps
     kept = torch.load(tmp_path / "weights.pt", weights_only=False)
     assert set(kept) == {"model", "step", "wall_s", "config"}

@@ -282,7 +282,8 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         if done % cfg.ckpt_every == 0 or done == cfg.steps:
             torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
                         "wall_s": wall, "config": dataclasses.asdict(cfg),
-                        "ema": None if ema is None else ema.state_dict()}, ckpt)
+                        "ema": None if ema is None else ema.state_dict(),
+                        "eval_schedule": EVEN_SPLIT}, ckpt)
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             model.eval()
             with averaged(model):
@@ -343,11 +344,19 @@ def export_weights(run_dir: str | Path, path: str | Path) -> None:
 
 def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, Any]:
     """Export a run's latest ``checkpoint.pt`` (finished or not) as a checkpoint directory,
-    and write ``run.json`` for it; returns that summary."""
+    and write ``run.json`` for it; returns that summary.
+
+    ``eval_schedule`` (the schedule the run's logged held-out validity was measured on) comes
+    from the checkpoint, or else from the ``run.json`` already there; a run that records
+    neither (its checkpoints predate the key) gets none, so model cards keep treating it as
+    evaluated on its family's own grid."""
     from dllm_decode.train.testbed_eval import export_testbed
 
     run_dir = Path(run_dir)
     state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    previous = run_dir / "run.json"
+    schedule = state.get("eval_schedule") or (
+        json.loads(previous.read_text()).get("eval_schedule") if previous.exists() else None)
     cfg, oracle = DistillConfig(**state["config"]), waiting_line_oracle()
     model = evaluated_student(state, oracle)
     export_testbed(untie(model).eval(), oracle, directory)
@@ -356,6 +365,8 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
                "vocab_size": oracle.vocab_size, "steps_done": state["step"],
                "wall_s": round(state["wall_s"], 1), "threads": cfg.threads,
                "versions": {"torch": torch.__version__}}
+    if schedule is not None:
+        summary["eval_schedule"] = schedule
     (run_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
