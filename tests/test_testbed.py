@@ -209,7 +209,8 @@ def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thre
     assert export_checkpoint(tmp_path / "a", tmp_path / "again")["eval_schedule"] == EVEN_SPLIT
     run_json.unlink()
     assert "eval_schedule" not in export_checkpoint(tmp_path / "a", tmp_path / "again")
-    torch.save(a, tmp_path / "a/checkpoint.pt")
+    torch.save(a, tmp_path / "a/checkpoint.pt")  # its run.json now lacks the key
+    assert export_checkpoint(tmp_path / "a", tmp_path / "again")["eval_schedule"] == EVEN_SPLIT
     export_weights(tmp_path / "a", tmp_path / "weights.pt")  # what a bundled stage keeps
     kept = torch.load(tmp_path / "weights.pt", weights_only=False)
     assert set(kept) == {"model", "step", "wall_s", "config"}
