@@ -292,14 +292,27 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
             _append(out / "eval.csv", {"step": done, "wall_s": round(wall, 1), **scores})
             print(f"[eval] step {done} {json.dumps(scores)}", flush=True)
     wall = wall_before + time.perf_counter() - t0
-    summary = {"command": command_line(cfg), "config": dataclasses.asdict(cfg),
-               "parameters": params, "vocab_size": oracle.vocab_size, "steps_done": cfg.steps,
-               "wall_s": round(wall, 1), "threads": torch.get_num_threads(),
-               "eval_schedule": EVEN_SPLIT, "versions": {"torch": torch.__version__}}
     model.eval()
     with averaged(model):
         export_testbed(untie(model), oracle, out / "model")
-    (out / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return _write_run_summary(out, cfg, parameters=params, vocab_size=oracle.vocab_size,
+                              steps_done=cfg.steps, wall_s=wall,
+                              threads=torch.get_num_threads(), eval_schedule=EVEN_SPLIT)
+
+
+def _write_run_summary(run_dir: Path, cfg: DistillConfig, *, parameters: int, vocab_size: int,
+                       steps_done: int, wall_s: float, threads: int,
+                       eval_schedule: str | None) -> dict[str, Any]:
+    """Write ``run_dir / "run.json"`` (the one place its fields are named; ``eval_schedule``
+    omitted when unknown) and return it."""
+    summary: dict[str, Any] = {
+        "command": command_line(cfg), "config": dataclasses.asdict(cfg),
+        "parameters": parameters, "vocab_size": vocab_size, "steps_done": steps_done,
+        "wall_s": round(wall_s, 1), "threads": threads}
+    if eval_schedule is not None:
+        summary["eval_schedule"] = eval_schedule
+    summary["versions"] = {"torch": torch.__version__}
+    (run_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
     return summary
 
 
@@ -360,15 +373,11 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
     cfg, oracle = DistillConfig(**state["config"]), waiting_line_oracle()
     model = evaluated_student(state, oracle)
     export_testbed(untie(model).eval(), oracle, directory)
-    summary = {"command": command_line(cfg), "config": dataclasses.asdict(cfg),
-               "parameters": sum(p.numel() for p in untie(model).parameters()),
-               "vocab_size": oracle.vocab_size, "steps_done": state["step"],
-               "wall_s": round(state["wall_s"], 1), "threads": cfg.threads,
-               "versions": {"torch": torch.__version__}}
-    if schedule is not None:
-        summary["eval_schedule"] = schedule
-    (run_dir / "run.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return summary
+    return _write_run_summary(run_dir, cfg,
+                              parameters=sum(p.numel() for p in untie(model).parameters()),
+                              vocab_size=oracle.vocab_size, steps_done=state["step"],
+                              wall_s=state["wall_s"], threads=cfg.threads,
+                              eval_schedule=schedule)
 
 
 def _truncate(path: Path, last_step: int) -> None:
