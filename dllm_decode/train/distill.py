@@ -44,6 +44,7 @@ from torch.nn import functional as F
 from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
+from dllm_decode.train.csvlog import append_row, truncate_rows
 from dllm_decode.train.distill_config import DistillConfig
 from dllm_decode.train.ema import WeightAverage
 from dllm_decode.train.grow import grow_into
@@ -240,7 +241,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         opt.load_state_dict(state["opt"])
         start, wall_before = state["step"], state["wall_s"]
         for name in ("loss.csv", "eval.csv"):  # drop rows logged after the checkpoint
-            _truncate(out / name, start)
+            truncate_rows(out / name, start)
     elif cfg.grow_from:
         grow_into(model, _grow_weights(cfg))
     ema = WeightAverage(model, cfg.ema) if cfg.ema else None
@@ -276,7 +277,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
             row = {"step": done, "loss": round(sum(w[0] for w in window) / len(window), 5),
                    "kl": round(sum(w[1] for w in window) / len(window), 5),
                    "lr": f"{lr_at(step, cfg):.3e}", "wall_s": round(wall, 1)}
-            _append(out / "loss.csv", row)
+            append_row(out / "loss.csv", row)
             print(f"[testbed] {json.dumps(row)}", flush=True)
             window = []
         if done % cfg.ckpt_every == 0 or done == cfg.steps:
@@ -289,7 +290,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
             with averaged(model):
                 scores = evaluate_testbed(model, oracle, cfg.eval_size, seed=cfg.seed)
             model.train()
-            _append(out / "eval.csv", {"step": done, "wall_s": round(wall, 1), **scores})
+            append_row(out / "eval.csv", {"step": done, "wall_s": round(wall, 1), **scores})
             print(f"[eval] step {done} {json.dumps(scores)}", flush=True)
     wall = wall_before + time.perf_counter() - t0
     model.eval()
@@ -378,21 +379,6 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
                               vocab_size=oracle.vocab_size, steps_done=state["step"],
                               wall_s=state["wall_s"], threads=cfg.threads,
                               eval_schedule=schedule)
-
-
-def _truncate(path: Path, last_step: int) -> None:
-    if path.exists():
-        lines = path.read_text().splitlines()
-        kept = lines[:1] + [ln for ln in lines[1:] if int(ln.split(",")[0]) <= last_step]
-        path.write_text("".join(f"{ln}\n" for ln in kept))
-
-
-def _append(path: Path, row: dict[str, Any]) -> None:
-    new = not path.exists()
-    with path.open("a") as fh:
-        if new:
-            fh.write(",".join(row) + "\n")
-        fh.write(",".join(str(v) for v in row.values()) + "\n")
 
 
 def parse_args(argv: list[str] | None) -> DistillConfig:

@@ -15,7 +15,6 @@ exactly as an uninterrupted run would (bitwise on the same machine and thread co
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -32,6 +31,7 @@ import torch
 from dllm_decode.models.base import DecoderLM
 from dllm_decode.tokenizer import load_tokenizer
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_args
+from dllm_decode.train.csvlog import append_row, truncate_rows
 from dllm_decode.train.data import TaskData, max_items_at
 from dllm_decode.train.evaluate import evaluate, export_model
 from dllm_decode.train.objectives import diffusion_loss, warmup_loss
@@ -80,29 +80,6 @@ def make_optimizer(model: DecoderLM, cfg: TrainConfig) -> torch.optim.AdamW:
     groups = [{"params": decay, "weight_decay": cfg.weight_decay},
               {"params": rest, "weight_decay": 0.0}]
     return torch.optim.AdamW(groups, lr=cfg.lr, betas=(0.9, 0.95), eps=1e-8)
-
-
-def _append_csv(path: Path, columns: Sequence[str], row: dict[str, Any]) -> None:
-    new = not path.exists()
-    with path.open("a", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns))
-        if new:
-            writer.writeheader()
-        writer.writerow({k: row.get(k, "") for k in columns})
-
-
-def _truncate_csv(path: Path, last_step: int) -> None:
-    """Drop rows logged after the checkpoint being resumed (an interrupted tail)."""
-    if not path.exists():
-        return
-    with path.open(newline="") as f:
-        rows = list(csv.DictReader(f))
-        columns = rows[0].keys() if rows else []
-    kept = [r for r in rows if int(r["step"]) <= last_step]
-    with path.open("w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(columns))
-        writer.writeheader()
-        writer.writerows(kept)
 
 
 def save_checkpoint(path: Path, model: DecoderLM, opt: torch.optim.Optimizer, step: int,
@@ -171,8 +148,8 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
     if cfg.resume:
         state = _load_checkpoint(ckpt, cfg, model, opt)
         start, wall_before, window = state["step"], state["wall_s"], state["window"]
-        _truncate_csv(out / "loss.csv", start)
-        _truncate_csv(out / "eval.csv", start)
+        truncate_rows(out / "loss.csv", start)
+        truncate_rows(out / "eval.csv", start)
     (out / "train_config.json").write_text(json.dumps(cfg.to_dict(), indent=2) + "\n")
     eval_set = data.eval_examples(cfg.eval_size, max(cfg.min_items, 3), cfg.max_items,
                                   seed=cfg.seed)
@@ -222,7 +199,7 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
                    "acc": round(window["correct"] / max(1, window["masked"]), 5),
                    "acc_content": round(window["correct_c"] / max(1, window["masked_c"]), 5),
                    "lr": f"{lr:.3e}", "max_items": cur_max, "wall_s": round(wall(), 1)}
-            _append_csv(out / "loss.csv", LOSS_COLUMNS, row)
+            append_row(out / "loss.csv", row, LOSS_COLUMNS)
             print(f"[train] step {done} loss {row['loss']} acc {row['acc']} "
                   f"acc_content {row['acc_content']} lr {row['lr']} wall {row['wall_s']}s",
                   flush=True)
@@ -230,7 +207,7 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             last_eval = {"step": done, "wall_s": round(wall(), 1)}
             last_eval |= evaluate(model, data, eval_set, cfg)
-            _append_csv(out / "eval.csv", list(last_eval), last_eval)
+            append_row(out / "eval.csv", last_eval)
             print(f"[eval] {json.dumps(last_eval)}", flush=True)
             model.train()
         if done % cfg.ckpt_every == 0 or done == cfg.steps:
