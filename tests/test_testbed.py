@@ -183,7 +183,7 @@ def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thre
 
     common = dict(family="llada", hidden=32, layers=1, heads=2, intermediate=64, batch_size=4,
                   log_every=2, ckpt_every=2, eval_every=0, eval_size=1, ema=0.5,
-                  log_error_weight=0.5)
+                  log_error_weight=0.5, rank_error_weight=1.0)
     distill(DistillConfig(out=str(tmp_path / "a"), steps=4, **common))
     distill(DistillConfig(out=str(tmp_path / "b"), steps=2, **common))
     distill(DistillConfig(out=str(tmp_path / "b"), steps=4, resume=True, **common))
@@ -587,7 +587,8 @@ def test_task_weight_overrides_the_draw_weights() -> None:
 
 
 def test_support_log_error_fits_the_log_probabilities_of_plausible_tokens() -> None:
-    from dllm_decode.train.distill import DistillConfig, support_log_error
+    from dllm_decode.train.distill import DistillConfig
+    from dllm_decode.train.distill_objective import support_log_error
 
     targets = torch.tensor([[[0.0, 0.2, 0.4, 0.4], [0.0, 0.0, 1.0, 0.0]]])
     exact = targets.clamp_min(1e-30).log() + 3.0  # any shift of the logits is the same fit
@@ -611,3 +612,39 @@ def test_support_log_error_fits_the_log_probabilities_of_plausible_tokens() -> N
     assert off.grad[0, 0, 1] > 0 and (off.grad[0, 0, 2:] < 0).all()
     with pytest.raises(ValueError, match="log_error_weight"):
         DistillConfig(log_error_weight=-1.0)
+
+
+def test_support_rank_error_charges_only_pairs_about_to_flip() -> None:
+    from dllm_decode.train.distill import DistillConfig
+    from dllm_decode.train.distill_objective import support_rank_error
+
+    # slot 0: an original neighbour at 1/2 over two names at 1/4 (insert_random's middle
+    # slot); slot 1: certain; slot 2: a three-way tie (shuffle): no order to keep
+    targets = torch.tensor([[[0.0, 0.25, 0.5, 0.25], [0.0, 0.0, 1.0, 0.0],
+                             [0.0, 1 / 3, 1 / 3, 1 / 3]]])
+    exact = targets.clamp_min(1e-30).log()
+    exact[..., 0] = -40.0
+    assert support_rank_error(exact.log_softmax(-1), targets).abs().max() < 1e-6
+    # a 1/4 name raised by 0.2 nat keeps more than half the log 2 ratio: no charge
+    small = exact.clone()
+    small[0, 0, 1] += 0.2
+    assert support_rank_error(small.log_softmax(-1), targets)[0, 0].abs() < 1e-6
+    # raised by 0.6 nat: the pair (2 over 1) falls 0.6 - log 2 / 2 short; 2 ordered pairs
+    off = exact.clone()
+    off[0, 0, 1] += 0.6
+    value = support_rank_error(off.log_softmax(-1), targets)
+    short = 0.6 - 0.5 * torch.tensor(2.0).log()
+    assert torch.allclose(value[0, 0], short.square() / 2)
+    assert value[0, 1:].abs().max() < 1e-6  # ties and certain slots add nothing
+    # margin 1 charges any shrinking of the ratio
+    assert support_rank_error(small.log_softmax(-1), targets, margin=1.0)[0, 0] > 0
+    # the gradient lowers the name that overtakes and raises the one it overtakes
+    off.requires_grad_(True)
+    support_rank_error(off.log_softmax(-1), targets).sum().backward()
+    assert off.grad[0, 0, 1] > 0 and off.grad[0, 0, 2] < 0
+    with pytest.raises(ValueError, match="margin"):
+        support_rank_error(exact, targets, margin=0.0)
+    with pytest.raises(ValueError, match="rank_error_weight"):
+        DistillConfig(rank_error_weight=-1.0)
+    with pytest.raises(ValueError, match="rank_margin"):
+        DistillConfig(rank_margin=1.5)

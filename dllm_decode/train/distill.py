@@ -46,6 +46,7 @@ from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
 from dllm_decode.train.csvlog import append_row, truncate_rows
 from dllm_decode.train.distill_config import DistillConfig
+from dllm_decode.train.distill_objective import distill_loss
 from dllm_decode.train.ema import WeightAverage
 from dllm_decode.train.grow import grow_into
 from dllm_decode.train.onpolicy import onpolicy_rows
@@ -167,41 +168,6 @@ def scramble_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
     return tokens, valid, masked, targets, width
 
 
-def support_log_error(logp: Tensor, targets: Tensor) -> Tensor:
-    """Mean squared error of the log-probabilities of each position's plausible tokens ``[B, G]``.
-
-    With ``S = {v : targets[v] > 0}``: the mean over ``S`` of ``(logp_v - log targets_v)^2``.
-    It fits the log-ratios between the tokens the answer may hold, which decide every argmax
-    (a 0.2-probability name against a 0.4 one): the KL's gradient on a token's logit is
-    ``p - q``, which weighs those errors by probability and leaves per-prompt errors of ~0.5
-    nat on the unlikely side, while this term weighs every plausible token alike. It is not
-    centred, so mass moved onto impossible tokens (which lowers every ``logp_v`` on ``S``) is
-    penalised too: a centred version let 16 % of the mass leak there at weight 20. Zero where
-    the answer is certain and predicted so. logp, targets ``[B, G, V]``.
-    """
-    support = targets > 0
-    d = torch.where(support, logp - targets.clamp_min(1e-30).log(), 0.0)
-    return d.square().sum(-1) / support.sum(-1).clamp_min(1)
-
-
-def distill_loss(model: DecoderLM, tokens: Tensor, valid: Tensor, masked: Tensor,
-                 targets: Tensor, prompt_length: int, log_error_weight: float = 0.0
-                 ) -> tuple[Tensor, Tensor]:
-    """``(soft cross-entropy [+ log_error_weight * support_log_error], KL to the targets)``
-    averaged over masked answer positions."""
-    positions = model.rope_positions(valid)
-    rows = torch.arange(prompt_length, tokens.shape[1])
-    logits = model(tokens, positions, mask=valid, hidden_rows=rows).float()
-    logp = logits.log_softmax(-1)
-    ce = -(targets * logp).sum(-1)
-    entropy = -(targets * targets.clamp_min(1e-30).log()).sum(-1)
-    n = masked.sum().clamp_min(1)
-    loss = ce
-    if log_error_weight:
-        loss = ce + log_error_weight * support_log_error(logp, targets)
-    return (loss * masked).sum() / n, ((ce - entropy) * masked).sum() / n
-
-
 def command_line(cfg: DistillConfig) -> str:
     """``dllm-decode train testbed ...`` with every non-default field."""
     default = DistillConfig()
@@ -263,7 +229,8 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
             tokens, valid, masked, targets = onpolicy_rows(
                 model, oracle, cfg.onpolicy_frac, (cfg.seed << 32) + step, tokens, valid,
                 masked, targets, p, per_step=cfg.onpolicy_k, hard=cfg.onpolicy_hard)
-        loss, kl = distill_loss(model, tokens, valid, masked, targets, p, cfg.log_error_weight)
+        loss, kl = distill_loss(model, tokens, valid, masked, targets, p, cfg.log_error_weight,
+                                cfg.rank_error_weight, cfg.rank_margin)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

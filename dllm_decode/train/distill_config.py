@@ -60,9 +60,15 @@ class DistillConfig:
     #: weight averaging (``train.ema``): evaluations and the exported model use the exponential
     #: moving average of the weights with this decay (0: off, the last iterate)
     ema: float = 0.0
-    #: weight of ``distill.support_log_error``, the squared error of the log-probabilities of
-    #: each position's plausible tokens, added to the soft cross-entropy (0: off)
+    #: weight of ``distill_objective.support_log_error``, the squared error of the
+    #: log-probabilities of each position's plausible tokens, added to the soft cross-entropy
+    #: (0: off)
     log_error_weight: float = 0.0
+    #: weight of ``distill_objective.support_rank_error``, the squared shortfall of the
+    #: student's log-ratios on the oracle's strictly ordered plausible pairs (0: off)
+    rank_error_weight: float = 0.0
+    #: share of each oracle log-ratio the student must keep before that term charges it
+    rank_margin: float = 0.5
 
     def __post_init__(self) -> None:
         if self.family not in ("llada", "dream", "sdar"):
@@ -83,6 +89,10 @@ class DistillConfig:
             raise ValueError(f"ema must lie in [0, 1) (0: off), got {self.ema}")
         if not self.log_error_weight >= 0:
             raise ValueError(f"log_error_weight must be >= 0, got {self.log_error_weight}")
+        if not self.rank_error_weight >= 0:
+            raise ValueError(f"rank_error_weight must be >= 0, got {self.rank_error_weight}")
+        if not 0 < self.rank_margin <= 1:
+            raise ValueError(f"rank_margin must lie in (0, 1], got {self.rank_margin}")
         parse_task_weights(self.task_weight)  # raises on a bad spec
         if self.grow_from and not Path(self.grow_from).is_file():
             raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
