@@ -208,7 +208,9 @@ def model_card(name: str, run_dirs: list[Path], rows: list[dict[str, Any]]) -> s
     for i, d in enumerate(run_dirs):
         loss = (d / "loss.csv").read_text().splitlines()
         evals = (d / "eval.csv").read_text().splitlines()
-        picked = [loss[0]] + loss[1::max(1, len(loss) // 12)] + [loss[-1]]
+        picked = [loss[0]] + loss[1::max(1, len(loss) // 12)]
+        if picked[-1] is not loss[-1]:  # the last row once, whether or not the stride hit it
+            picked.append(loss[-1])
         curves += [f"Stage {i + 1}: loss (soft cross-entropy) and KL to the oracle:", "", "```",
                    *picked, "```", "", f"Stage {i + 1}: held-out validity during training "
                    f"({runs[i]['config']['eval_size']} prompts per task, k = 1):", "", "```",

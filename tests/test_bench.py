@@ -86,7 +86,8 @@ def test_testbed_model_card_lists_every_training_stage(tmp_path) -> None:
         (d / "run.json").write_text(json.dumps(dict(
             command=f"dllm-decode train testbed --stage {i}", config=cfg, steps_done=100 * (i + 1),
             wall_s=60.0 * (i + 1), parameters=1_000_000, vocab_size=525)))
-        (d / "loss.csv").write_text("step,loss\n100,1.0\n")
+        (d / "loss.csv").write_text("step,loss\n100,1.0\n" if i == 0 else "step,loss\n"
+                                    + "".join(f"{s},{s / 1e4}\n" for s in range(50, 1250, 50)))
         (d / "eval.csv").write_text(f"step,copy\n100,0.{i}\n")
         dirs.append(d)
     rows = [dict(model="m", task="copy", k1=100, k4=100, k8=100, oracle_k1=100, oracle_k4=100,
@@ -97,6 +98,10 @@ def test_testbed_model_card_lists_every_training_stage(tmp_path) -> None:
     assert "1. `dllm-decode train testbed --stage 0`" in card
     assert "2. `dllm-decode train testbed --stage 1`" in card
     assert "100,0.1" in card
+    # the curves: first, every (rows // 12)-th and last row, the last one once
+    assert card.count("100,1.0") == 1
+    assert card.count("1200,0.12\n") == 1 and "\n50,0.005\n150,0.015\n" in card
+    assert "\n100,0.01\n" not in card
     assert "| m | copy | 100 | 100 | 100 | 100 / 100 / 100 | 100 / 100 | met | met |" in card
 
 
