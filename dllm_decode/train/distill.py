@@ -16,10 +16,12 @@ position given the visible canvas), and three masking modes per row:
 hidden, no loss there): the shorter canvases that EoTP truncation leaves (Learn2PD, arXiv
 2509.25188), which a model trained only on full-length canvases has never seen.
 
-Loss: cross-entropy to the soft targets over masked answer positions (= KL to the oracle plus
-its entropy). Block-causal (SDAR-style) models see the answer region in their own blocks; the
-trainer feeds the whole canvas and the model's block-causal mask does the rest, which matches
-inference exactly when earlier blocks are complete, so ``suffix`` rows are aligned to blocks.
+Loss (``train/distill_objective.py``): cross-entropy to the soft targets over masked answer
+positions (= KL to the oracle plus its entropy), optionally plus the log-probability error and
+rank terms (``--log-error-weight``, ``--rank-error-weight``). Block-causal (SDAR-style) models
+see the answer region in their own blocks; the trainer feeds the whole canvas and the model's
+block-causal mask does the rest, which matches inference exactly when earlier blocks are
+complete, so ``suffix`` rows are aligned to blocks.
 
 Everything random is a function of ``(seed, step)``, so ``--resume`` continues exactly.
 """
