@@ -246,7 +246,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
             row = {"step": done, "loss": round(sum(w[0] for w in window) / len(window), 5),
                    "kl": round(sum(w[1] for w in window) / len(window), 5),
                    "lr": f"{lr_at(step, cfg):.3e}", "wall_s": round(wall, 1)}
-            append_row(out / "loss.csv", row)
+            append_row(out / "loss.csv", row, LOG_COLUMNS)
             print(f"[testbed] {json.dumps(row)}", flush=True)
             window = []
         if done % cfg.ckpt_every == 0 or done == cfg.steps:
