@@ -132,7 +132,8 @@ def test_testbed_parallel_slots_writes_one_row_per_length_and_slot(tmp_path, cap
 
 def test_testbed_parallel_draws_checks_every_draw_against_the_oracle(tmp_path, capsys) -> None:
     """``--draws``: per (model, task, k) the accuracy of each draw; the oracle against itself
-    is within the tolerance on every draw."""
+    is within the tolerance on every draw; the random-ties reference is the mean of the
+    tie-breaking oracles per draw and equals the exact oracle on the tasks without ties."""
     tp = _script("testbed_parallel")
     tp.RESULTS = tmp_path
     assert tp.main(["--draws", "2", "--models", "oracle", "--n", "3", "--tag", "t"]) == 0
@@ -144,4 +145,8 @@ def test_testbed_parallel_draws_checks_every_draw_against_the_oracle(tmp_path, c
         per = [float(v) for v in r["per_draw"].split()]
         assert len(per) == 2 and r["within_10"] == "2" and r["seeds"] == "0-1"
         assert float(r["mean"]) == float(r["oracle_mean"]) == sum(per) / 2
+        tied = [float(v) for v in r["per_draw_ties"].split()]
+        assert len(tied) == 2 and abs(float(r["oracle_ties_mean"]) - sum(tied) / 2) < 0.06
+        if r["task"] != "shuffle":
+            assert r["oracle_ties_mean"] == r["oracle_mean"] and r["within_10_ties"] == "2"
     assert "| oracle | insert_random | 4 |" in capsys.readouterr().out
