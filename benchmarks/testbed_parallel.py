@@ -69,12 +69,19 @@ def target_met(row: dict[str, Any], oracle: str, deterministic: bool) -> bool:
         <= (5 if deterministic else 10) for k in KS[1:])
 
 
+def tie_oracles() -> list[Any]:
+    """The random-ties references: the exact conditionals plus ``TIE_NOISE`` seeded logit noise,
+    one oracle per ``TIE_SEEDS`` seed, so tied marginals break at random instead of toward the
+    lowest id."""
+    return [waiting_line_oracle().calibrated(noise=TIE_NOISE, seed=s) for s in TIE_SEEDS]
+
+
 def table(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
     teacher = {k: accuracy(named_model("oracle"), n, seed, k) for k in KS}
     # the exact oracle breaks tied marginals toward the lowest id, so parallel commits of a
     # random task collide by construction; the same conditionals with ties broken by tiny seeded
     # noise (mean of TIE_SEEDS draws) predict what a model with arbitrary tie-breaking gets
-    shaken = [waiting_line_oracle().calibrated(noise=TIE_NOISE, seed=s) for s in TIE_SEEDS]
+    shaken = tie_oracles()
     ties = {k: {t: sum(accuracy(o, n, seed, k)[t] for o in shaken) / len(shaken)
                 for t in TESTBED_TASKS} for k in KS[1:]}
     out = []
@@ -133,7 +140,7 @@ def draw_rows(models: list[str], n: int, seed: int, draws: int) -> list[dict[str
         return {t: [d[t] for d in per] for t in RANDOM_TASKS}
 
     teacher = {k: cells(named_model("oracle"), k) for k in KS[1:]}
-    shaken = [waiting_line_oracle().calibrated(noise=TIE_NOISE, seed=s) for s in TIE_SEEDS]
+    shaken = tie_oracles()
     ties = {}
     for k in KS[1:]:
         runs = [cells(o, k) for o in shaken]
