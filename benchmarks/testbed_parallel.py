@@ -76,14 +76,20 @@ def tie_oracles() -> list[Any]:
     return [waiting_line_oracle().calibrated(noise=TIE_NOISE, seed=s) for s in TIE_SEEDS]
 
 
+def tie_accuracy(oracles: list[Any], n: int, seed: int, k: int,
+                 tasks: tuple[str, ...] = TESTBED_TASKS) -> dict[str, float]:
+    """The random-ties reference on one draw: :func:`accuracy` averaged over ``oracles``."""
+    per = [accuracy(o, n, seed, k, tasks) for o in oracles]
+    return {t: sum(d[t] for d in per) / len(per) for t in tasks}
+
+
 def table(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
     teacher = {k: accuracy(named_model("oracle"), n, seed, k) for k in KS}
     # the exact oracle breaks tied marginals toward the lowest id, so parallel commits of a
     # random task collide by construction; the same conditionals with ties broken by tiny seeded
     # noise (mean of TIE_SEEDS draws) predict what a model with arbitrary tie-breaking gets
     shaken = tie_oracles()
-    ties = {k: {t: sum(accuracy(o, n, seed, k)[t] for o in shaken) / len(shaken)
-                for t in TESTBED_TASKS} for k in KS[1:]}
+    ties = {k: tie_accuracy(shaken, n, seed, k) for k in KS[1:]}
     out = []
     for name in models:
         model = named_model(name)
@@ -141,11 +147,7 @@ def draw_rows(models: list[str], n: int, seed: int, draws: int) -> list[dict[str
 
     teacher = {k: cells(named_model("oracle"), k) for k in KS[1:]}
     shaken = tie_oracles()
-    ties = {}
-    for k in KS[1:]:
-        runs = [cells(o, k) for o in shaken]
-        ties[k] = {t: [sum(r[t][d] for r in runs) / len(runs) for d in range(draws)]
-                   for t in RANDOM_TASKS}
+    ties = {k: [tie_accuracy(shaken, n, s, k, RANDOM_TASKS) for s in seeds] for k in KS[1:]}
     out = []
     for name in models:
         model = named_model(name)
@@ -153,7 +155,7 @@ def draw_rows(models: list[str], n: int, seed: int, draws: int) -> list[dict[str
             mine = teacher[k] if name == "oracle" else cells(model, k)
             for task in RANDOM_TASKS:
                 gaps = [abs(a - b) for a, b in zip(mine[task], teacher[k][task], strict=True)]
-                tied = ties[k][task]
+                tied = [d[task] for d in ties[k]]
                 tie_gaps = [abs(a - b) for a, b in zip(mine[task], tied, strict=True)]
                 out.append({"model": name, "task": task, "k": k, "n": n, "seeds":
                             f"{seed}-{seed + draws - 1}", "mean": round(sum(mine[task]) / draws, 2),
@@ -231,9 +233,10 @@ def model_card(name: str, run_dirs: list[Path], rows: list[dict[str, Any]]) -> s
     for i, d in enumerate(run_dirs):
         loss = (d / "loss.csv").read_text().splitlines()
         evals = (d / "eval.csv").read_text().splitlines()
-        picked = [loss[0]] + loss[1::max(1, len(loss) // 12)]
-        if picked[-1] is not loss[-1]:  # the last row once, whether or not the stride hit it
-            picked.append(loss[-1])
+        rows_at = list(range(1, len(loss), max(1, len(loss) // 12)))
+        if rows_at and rows_at[-1] != len(loss) - 1:  # the last row once, stride hit or not
+            rows_at.append(len(loss) - 1)
+        picked = [loss[0]] + [loss[j] for j in rows_at]
         curves += [f"Stage {i + 1}: loss (soft cross-entropy) and KL to the oracle:", "", "```",
                    *picked, "```", "", f"Stage {i + 1}: held-out validity during training "
                    f"({runs[i]['config']['eval_size']} prompts per task, k = 1):", "", "```",

@@ -23,7 +23,8 @@ RANK_TIE_NATS = 1e-3
 RANK_TOP = 8
 
 
-def support_log_error(logp: Tensor, targets: Tensor) -> Tensor:
+def support_log_error(logp: Tensor, targets: Tensor, log_targets: Tensor | None = None
+                      ) -> Tensor:
     """Mean squared error of the log-probabilities of each position's plausible tokens ``[B, G]``.
 
     With ``S = {v : targets[v] > 0}``: the mean over ``S`` of ``(logp_v - log targets_v)^2``.
@@ -33,10 +34,13 @@ def support_log_error(logp: Tensor, targets: Tensor) -> Tensor:
     nat on the unlikely side, while this term weighs every plausible token alike. It is not
     centred, so mass moved onto impossible tokens (which lowers every ``logp_v`` on ``S``) is
     penalised too: a centred version let 16 % of the mass leak there at weight 20. Zero where
-    the answer is certain and predicted so. logp, targets ``[B, G, V]``.
+    the answer is certain and predicted so. logp, targets ``[B, G, V]``; ``log_targets``, when
+    the caller already has it, is ``log(targets)`` with zeros clamped to 1e-30.
     """
+    if log_targets is None:
+        log_targets = targets.clamp_min(1e-30).log()
     support = targets > 0
-    d = torch.where(support, logp - targets.clamp_min(1e-30).log(), 0.0)
+    d = torch.where(support, logp - log_targets, 0.0)
     return d.square().sum(-1) / support.sum(-1).clamp_min(1)
 
 
@@ -79,12 +83,13 @@ def distill_loss(model: DecoderLM, tokens: Tensor, valid: Tensor, masked: Tensor
     rows = torch.arange(prompt_length, tokens.shape[1])
     logits = model(tokens, positions, mask=valid, hidden_rows=rows).float()
     logp = logits.log_softmax(-1)
+    log_q = targets.clamp_min(1e-30).log()  # once per step: the entropy and the log-error term
     ce = -(targets * logp).sum(-1)
-    entropy = -(targets * targets.clamp_min(1e-30).log()).sum(-1)
+    entropy = -(targets * log_q).sum(-1)
     n = masked.sum().clamp_min(1)
     loss = ce
     if log_error_weight:
-        loss = loss + log_error_weight * support_log_error(logp, targets)
+        loss = loss + log_error_weight * support_log_error(logp, targets, log_q)
     if rank_error_weight:
         loss = loss + rank_error_weight * support_rank_error(logp, targets, rank_margin)
     return (loss * masked).sum() / n, ((ce - entropy) * masked).sum() / n
