@@ -67,9 +67,10 @@ def encode_prompt(tokenizer: Any, text: str) -> list[int]:
 def _policy_params(pairs: list[str]) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for pair in pairs:
-        if "=" not in pair:
-            raise SystemExit(f"--param expects KEY=VALUE, got {pair!r}")
-        key, value = pair.split("=", 1)
+        key, eq, value = pair.partition("=")
+        if not eq or not key:
+            raise ValueError(f"--param expects KEY=VALUE, got {pair!r} (e.g. --param tau=0.9, "
+                             "--param stopper.tau_low=2.0)")
         for cast in (int, float):
             try:
                 out[key] = cast(value)
@@ -125,9 +126,14 @@ def cmd_generate(args: argparse.Namespace) -> int:
     nfe = int(out.nfe[0])
     if args.plot:
         _plot(out, args.plot, tok)
+    # the field's figure leads: answer tokens up to the first stop token per forward; the
+    # budget figure also counts the EOS fill after it (Fast-dLLM issue #15 is about exactly
+    # that inflation)
     print(f"[{desc} | policy={sampler.policy.name} cache={sampler.config.cache.value}] NFE={nfe} "
-          f"tokens/forward={len(answer) / max(nfe, 1):.2f} (useful {useful / max(nfe, 1):.2f}) "
-          f"time={elapsed:.2f}s tokens/s={useful / max(elapsed, 1e-9):.1f}", file=sys.stderr)
+          f"tokens/forward={useful / max(nfe, 1):.2f} ({useful} answer tokens up to EOS; "
+          f"{len(answer) / max(nfe, 1):.2f} counting the EOS fill of the {len(answer)}-token "
+          f"budget) time={elapsed:.2f}s tokens/s={useful / max(elapsed, 1e-9):.1f}",
+          file=sys.stderr)
     return 0
 
 

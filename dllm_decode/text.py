@@ -14,6 +14,7 @@ probe conversation rather than from a list of known strings.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,24 +52,42 @@ class TextGeneration:
     stop_token_ids: tuple[int, ...]
 
 
+#: what ``prompts`` may be, for error messages
+_ALLOWED: Final = ("a string, a list of strings, one conversation (list of {'role', 'content'} "
+                   "dicts) or a list of conversations")
+
+
 def _as_conversations(prompts: Prompts) -> tuple[list[Any], bool]:
-    """(list of prompts, whether they are message lists)."""
+    """(list of prompts, whether they are message lists); empty text is an error."""
     if isinstance(prompts, str):
-        return [prompts], False
-    items = list(prompts)
+        items: list[Any] = [prompts]
+    elif isinstance(prompts, (Sequence, Mapping)) and not isinstance(prompts, bytes):
+        items = [prompts] if isinstance(prompts, Mapping) else list(prompts)
+    else:
+        raise TypeError(f"prompts must be {_ALLOWED}; got {type(prompts).__name__}")
     if not items:
-        raise ValueError("prompts is empty: pass a string, a list of strings, one conversation "
-                         "(list of {'role', 'content'} dicts) or a list of conversations")
-    if all(isinstance(p, Mapping) for p in items):
-        return [items], True
+        raise ValueError(f"prompts is empty: pass {_ALLOWED}")
     if all(isinstance(p, str) for p in items):
+        for i, p in enumerate(items):
+            if not p.strip():
+                where = "the prompt" if len(items) == 1 else f"prompt {i}"
+                raise ValueError(f"{where} is empty ({p!r}): pass the text to answer")
         return items, False
-    if all(isinstance(p, Sequence) and not isinstance(p, str) and p
-           and all(isinstance(m, Mapping) for m in p) for p in items):
-        return [list(p) for p in items], True
-    raise TypeError("prompts must be a string, a list of strings, one conversation (list of "
-                    "{'role', 'content'} dicts) or a list of conversations; got "
-                    f"{[type(p).__name__ for p in items][:4]}")
+    if all(isinstance(p, Mapping) for p in items):
+        convs = [items]
+    elif all(isinstance(p, Sequence) and not isinstance(p, str) and p
+             and all(isinstance(m, Mapping) for m in p) for p in items):
+        convs = [list(p) for p in items]
+    else:
+        raise TypeError(f"prompts must be {_ALLOWED}; got "
+                        f"{[type(p).__name__ for p in items][:4]}")
+    for conv in convs:
+        for m in conv:
+            if not isinstance(m.get("role"), str) or not isinstance(m.get("content"), str):
+                raise TypeError(f"a chat message needs string 'role' and 'content', got {m!r}")
+        if not any(m["content"].strip() for m in conv):
+            raise ValueError(f"conversation {conv!r} has no text: pass the text to answer")
+    return convs, True
 
 
 def encode_prompts(tokenizer: Any, prompts: Prompts, *, chat: bool | None = None,
@@ -99,10 +118,10 @@ def encode_prompts(tokenizer: Any, prompts: Prompts, *, chat: bool | None = None
             messages = item if are_messages else [{"role": "user", "content": item}]
             text = tokenizer.apply_chat_template(messages, add_generation_prompt=True,
                                                  tokenize=False)
-            ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+            ids = _tokenize(tokenizer, text)
         else:
             try:
-                ids = tokenizer.encode(item)
+                ids = _encode(tokenizer, item)
             except Exception as err:  # tokenizers raises a bare Exception for unknown words
                 if "UNK" not in str(err):
                     raise
@@ -112,6 +131,10 @@ def encode_prompts(tokenizer: Any, prompts: Prompts, *, chat: bool | None = None
         if not ids:
             raise ValueError(f"prompt {item!r} encodes to no tokens")
         rows.append(list(ids))
+    codec = _testbed_codec(str(getattr(tokenizer, "name_or_path", "") or ""))
+    if codec is not None and not use_chat:
+        for row in rows:
+            check_testbed_prompt(codec, row)
     if pad_token_id is None:
         pad_token_id = getattr(tokenizer, "pad_token_id", None)
     if pad_token_id is None:
@@ -124,6 +147,72 @@ def encode_prompts(tokenizer: Any, prompts: Prompts, *, chat: bool | None = None
         ids[i, width - len(r):] = torch.tensor(r, dtype=torch.long)
         mask[i, width - len(r):] = 1
     return ids, mask
+
+
+def _tokenize(tokenizer: Any, text: str) -> list[int]:
+    """Ids of rendered chat text; ``verbose=False`` because an over-long prompt is reported
+    by the sampler as an error (with the model's limit), not by transformers' warning about
+    ``model_max_length``."""
+    return list(tokenizer(text, add_special_tokens=False, verbose=False)["input_ids"])
+
+
+def _encode(tokenizer: Any, text: str) -> list[int]:
+    """``tokenizer.encode(text)``, without transformers' too-long warning (see ``_tokenize``);
+    minimal tokenizers without the ``verbose`` keyword work too."""
+    try:
+        return list(tokenizer.encode(text, verbose=False))
+    except TypeError:
+        return list(tokenizer.encode(text))
+
+
+@functools.lru_cache(maxsize=8)
+def _testbed_codec(directory: str) -> Any:
+    """The word-level codec of a test-bed tokenizer directory (``None`` for other tokenizers)."""
+    if not directory:
+        return None
+    from dllm_decode.train.testbed import VOCAB_FILE, codec_for
+
+    path = Path(directory)
+    return codec_for(path) if (path / VOCAB_FILE).is_file() else None
+
+
+def check_testbed_prompt(codec: Any, ids: Sequence[int]) -> None:
+    """Raise ``ValueError`` unless ``ids`` is a prompt in the test-bed format.
+
+    The format (``dllm_decode.train.testbed``): ``<task> [<index>] [word] [ a , b , ... ]``,
+    then ``<fill>`` twice per empty list slot (``2 * (slots - items)``), then ``<answer>``;
+    the checkpoints were trained only on it, and a prompt off it decodes to malformed output.
+    ``codec`` is the checkpoint's ``WaitingLineOracle`` (``train.testbed.codec_for``).
+    """
+    from dllm_decode.models.oracle import ANSWER, FILL
+
+    words = [codec.vocab[int(i)] for i in ids]
+    shape = ("<task> [<index>] [word] [ name , ... ] <fill>.. <answer>, e.g. '<copy> [ "
+             f"{codec.vocab[-1]} , {codec.vocab[-2]} , {codec.vocab[-3]} ] "
+             f"{' '.join([FILL] * 2 * ((codec.slots or 3) - 3))} {ANSWER}'")
+    try:
+        task, items, word, index = codec.parse_prompt(list(ids))
+    except ValueError:
+        raise ValueError(f"test-bed prompt {' '.join(words)!r} is not in the format "
+                         f"{shape}") from None
+    head = [codec.token_id[f"<{task}>"]]
+    head += [] if index is None else [codec.token_id[f"<{index}>"]]
+    head += [] if word is None else [codec.token_id[word]]
+    body = head + codec.encode_items(items)
+    fills = 2 * (codec.slots - len(items)) if codec.slots is not None else 0
+    if codec.slots is not None and len(items) > codec.slots:
+        raise ValueError(f"test-bed prompt lists {len(items)} names; at most {codec.slots} fit")
+    expected = body + [codec.token_id[FILL]] * fills + [codec.token_id[ANSWER]]
+    if list(ids) == expected:
+        return
+    got = sum(w == FILL for w in words)
+    core = [i for i in ids if codec.vocab[int(i)] not in (FILL, ANSWER)]
+    if core == body and got != fills:
+        well_formed = " ".join(codec.vocab[i] for i in expected)
+        raise ValueError(f"test-bed prompt {' '.join(words)!r} is malformed: {len(items)} names "
+                         f"need {fills} {FILL} tokens (2 per empty slot of {codec.slots}), got "
+                         f"{got}; did you mean {well_formed!r}?")
+    raise ValueError(f"test-bed prompt {' '.join(words)!r} is malformed: expected {shape}")
 
 
 def _end_of_turn_id(tokenizer: Any) -> int | None:
