@@ -72,7 +72,7 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
     image = torch.where(done, order[:, None].float().expand(-1, steps), torch.nan)
     shown = top.imshow(image.numpy(), aspect="auto", origin="upper", cmap="viridis",
                        interpolation="nearest", extent=(-0.5, steps - 0.5, g - 0.5, -0.5),
-                       vmin=0, vmax=steps - 1)
+                       vmin=-0.5, vmax=steps - 0.5)  # one colour band per step, 1 step too
     at = (order >= 0).nonzero().flatten()
     top.scatter(order[at].numpy(), at.numpy(), s=12, c="white", edgecolors="black",
                 linewidths=0.4, zorder=3, label="commit")
@@ -83,11 +83,13 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
     if decode is not None and g <= _MAX_LABELS:
         answer = generation.answer[row].tolist()
         top.set_yticks(range(g), [decode([t]) for t in answer], fontsize=6)
-    fig.colorbar(shown, ax=top, label="commit step", pad=0.01, ticks=MaxNLocator(integer=True))
+    fig.colorbar(shown, ax=top, label="commit step", pad=0.01,
+                 ticks=MaxNLocator(integer=True, min_n_ticks=1))
 
     x = torch.arange(generation.steps).numpy()
     bottom.bar(x, per_step.numpy(), color="tab:blue", label="tokens committed")
-    bottom.step(x, forwards.numpy(), where="mid", color="tab:orange", label="forwards")
+    bottom.step(x, forwards.numpy(), where="mid", color="tab:orange", label="forwards",
+                marker="_" if generation.steps < 2 else None, markersize=14)  # 1 step: a dash
     ratio = per_step.float() / forwards.clamp(min=1).float()
     bottom.plot(x, ratio.numpy(), "o", color="black", markersize=3, label="tokens per forward")
     fresh = refreshed.nonzero().flatten()
@@ -99,13 +101,14 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
     top.legend(loc="upper right", fontsize=7)
     bottom.plot(fresh.numpy(), [height * 1.12] * len(fresh), "v", color="tab:red",
                 markersize=4, label="full refresh")
-    bottom.xaxis.set_major_locator(MaxNLocator(integer=True))
+    bottom.xaxis.set_major_locator(MaxNLocator(integer=True, min_n_ticks=1))
     bottom.set_xlabel("step")
     bottom.set_ylabel("per step")
     bottom.set_ylim(0, height * 1.75)  # room for the refresh marks and the legend
     bottom.legend(loc="upper right", fontsize=7, ncols=4)
     n_fwd = int(forwards.sum())
-    fig.suptitle(title or f"row {row}: {generation.steps} steps, {n_fwd} forwards, "
+    n_steps = f"{generation.steps} step{'s' if generation.steps != 1 else ''}"
+    fig.suptitle(title or f"row {row}: {n_steps}, {n_fwd} forward{'s' if n_fwd != 1 else ''}, "
                  f"{int(per_step.sum()) / max(n_fwd, 1):.2f} tokens/forward")
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)

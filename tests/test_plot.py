@@ -78,3 +78,18 @@ def test_analyze_writes_order(tmp_path) -> None:
     assert tables["order"][0]["rounds"] == 4.0
     assert (tmp_path / "order.md").read_text().startswith("| method")
     assert _png_size((tmp_path / "order.png").read_bytes()) == (800, 500)
+
+
+def test_one_step_decode_draws_a_sensible_figure(tmp_path) -> None:
+    """One step: the colour bar is one band labelled 0, the step axis has only integer ticks."""
+    out = DiffusionSampler(LLADA, "low_confidence", gen_length=8, steps=1).generate(
+        torch.tensor([[3, 4, 5]]))
+    fig = plot_decoding(out, tmp_path / "one.png")
+    top, bottom, bar = fig.axes
+    lo, hi = bar.get_ylim()
+    assert (lo, hi) == (-0.5, 0.5)
+    ticks = [t for t in bar.get_yticks() if lo <= t <= hi]
+    assert ticks == [0.0]
+    steps = [t for t in bottom.get_xticks() if -0.5 <= t <= 0.5]
+    assert steps == [0.0] and all(float(t).is_integer() for t in bottom.get_xticks())
+    assert fig._suptitle.get_text().startswith("row 0: 1 step, 1 forward, 8.00")
