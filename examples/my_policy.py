@@ -1,6 +1,6 @@
 """A decoding policy in twenty lines (the README's "Write your own policy" example).
 
-    python examples/my_policy.py            # decode one prompt, compose, check, plot
+    python examples/my_policy.py            # decode, compose, check, plot to runs/
     dllm-decode generate PROMPT --policy examples/my_policy.py:ConfidentRuns --param tau=0.7
 """
 
@@ -37,29 +37,44 @@ PROMPT = (
 )
 
 
-def main() -> None:
-    from dllm_decode import DiffusionSampler, Policy, check_policy, load_model
-    from dllm_decode.cli import encode_prompt
+def main(out_dir: str = "runs") -> None:
+    """Decode, compose, check and draw (the picture goes to ``out_dir``, default ``runs/``:
+    git ignores it at the repository root)."""
+    from dllm_decode import (
+        DiffusionSampler,
+        Policy,
+        check_policy,
+        generate_text,
+        load_model,
+        load_tokenizer,
+    )
     from dllm_decode.policies import EoTP, SchED
-    from dllm_decode.tokenizer import load_tokenizer
 
-    model, tok = load_model("tiny-llada"), load_tokenizer()
-    prompt = torch.tensor([encode_prompt(tok, PROMPT)])
-    out = DiffusionSampler(model, ConfidentRuns(tau=0.7)).generate(prompt, gen_length=32)
-    print(tok.decode(out.answer[0].tolist()), "NFE", out.nfe.tolist())
+    model, tok = load_model("tiny-llada"), load_tokenizer("tiny-llada")
+    out = generate_text(DiffusionSampler(model, ConfidentRuns(tau=0.7), gen_length=32), tok,
+                        PROMPT)
+    print(out.texts[0], "NFE", int(out.generation.nfe[0]))
     composed = Policy(ConfidentRuns(), stopper=SchED(), truncator=EoTP())
-    out = DiffusionSampler(model, composed, cache="dual").generate(prompt, gen_length=32,
-                                                                   block_length=8)
-    print("composed: NFE", out.nfe.tolist(), "length", out.lengths.tolist())
-    print(check_policy(ConfidentRuns(), model, prompt.repeat(2, 1), gen_length=32))
+    sampler = DiffusionSampler(model, composed, cache="dual", gen_length=32, block_length=8)
+    both = generate_text(sampler, tok, PROMPT)
+    print(both.texts[0], "NFE", int(both.generation.nfe[0]), "length",
+          int(both.generation.lengths[0]))
+    print(check_policy(ConfidentRuns(), model, out.prompt_ids.repeat(2, 1), gen_length=32))
     try:
         from dllm_decode import plot_decoding
-
-        plot_decoding(out, "confident_runs.png", decode=tok.decode)
-        print("wrote confident_runs.png")
     except ImportError:
         print("pip install 'dllm-decode[eval]' for the picture")
+        return
+    from pathlib import Path
+
+    path = Path(out_dir) / "confident_runs.png"
+    plot_decoding(both.generation, path, decode=tok.decode)
+    print(f"wrote {path}")
 
 
 if __name__ == "__main__":
-    main()
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default="runs", help="folder for the picture (default: runs)")
+    main(parser.parse_args().out)

@@ -23,3 +23,44 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(before)
+
+
+# ---- the suite leaves the checkout as it found it (issue 36) ----------------------------------
+def git_changes(root) -> set[str] | None:
+    """``git status --porcelain`` lines of ``root`` (untracked files listed one by one), or
+    ``None`` when ``root`` is not the top of a git work tree (an sdist, git missing)."""
+    import subprocess
+    from pathlib import Path
+
+    try:
+        top = subprocess.run(["git", "rev-parse", "--show-toplevel"], cwd=root, text=True,
+                             capture_output=True, timeout=30)
+        if top.returncode or Path(top.stdout.strip()).resolve() != Path(root).resolve():
+            return None
+        res = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"],
+                             cwd=root, text=True, capture_output=True, timeout=60)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return set(res.stdout.splitlines()) if res.returncode == 0 else None
+
+
+def pytest_sessionstart(session) -> None:
+    session.config._git_before = git_changes(session.config.rootpath)
+
+
+def pytest_sessionfinish(session, exitstatus) -> None:
+    """Fail a passing run that left new or modified files in the repository (a test must write
+    under ``tmp_path``). Edits to ``.py`` files are not counted: a developer may be editing
+    sources while the suite runs."""
+    before = getattr(session.config, "_git_before", None)
+    after = git_changes(session.config.rootpath) if before is not None else None
+    if after is None:
+        return
+    stray = sorted(line for line in after - before if not line.rstrip().endswith(".py"))
+    if stray:
+        import sys
+
+        print("\nthe test run changed the repository (git status):\n  " + "\n  ".join(stray),
+              file=sys.stderr)
+        if exitstatus == 0:
+            session.exitstatus = 1

@@ -20,20 +20,25 @@ def _section_blocks() -> list[str]:
     return re.findall(r"```python\n(.*?)```", section, flags=re.S)
 
 
-def test_readme_example_runs(tmp_path, monkeypatch) -> None:
+def test_readme_example_runs(tmp_path, monkeypatch, capsys) -> None:
     blocks = _section_blocks()
     assert len(blocks) == 3
     policy, usage, prop = blocks
     assert policy in (ROOT / "examples" / "my_policy.py").read_text()  # the file matches
     assert len(policy.strip().splitlines()) <= 25
-    module = types.ModuleType("readme_example")
-    monkeypatch.setitem(sys.modules, "readme_example", module)
     monkeypatch.chdir(tmp_path)
-    exec(compile(policy + usage, "README.md", "exec"), module.__dict__)  # noqa: S102
-    assert module.report.forwards <= 32
-    assert (tmp_path / "confident_runs.png").stat().st_size > 5_000
-    assert module.out.lengths[0] < 32  # EoTP cut the row after its EOS
-    exec(compile(prop, "README.md", "exec"), module.__dict__)  # noqa: S102
+    monkeypatch.syspath_prepend(str(ROOT))  # pasted at the repository root
+    for name, code in (("readme_usage", usage), ("readme_prop", prop)):  # each one alone
+        module = types.ModuleType(name)
+        monkeypatch.setitem(sys.modules, name, module)
+        exec(compile(code, "README.md", "exec"), module.__dict__)  # noqa: S102
+        if name == "readme_usage":
+            assert module.report.forwards <= 32
+            assert (tmp_path / "runs" / "confident_runs.png").stat().st_size > 5_000
+            assert module.composed.generation.lengths[0] < 32  # EoTP cut the row after EOS
+            printed = capsys.readouterr().out.splitlines()
+            assert printed[0] == '["Maya Doyle", "Ivan Bennett", "Pedro Lindqvist"] NFE 1'
+            assert printed[2].startswith("PolicyReport(steps=")
     module.test_confident_runs()
 
 
