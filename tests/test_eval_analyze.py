@@ -109,3 +109,42 @@ def test_analyze_writes_tables_and_plots(rows: list[dict], tmp_path: Path) -> No
         assert data.startswith(PNG_MAGIC) and len(data) > 10_000
     with pytest.raises(ValueError, match="no result rows"):
         analyze_rows([], tmp_path)
+
+
+def test_overall_rows_name_gen_length_steps_and_the_tasks_they_cover() -> None:
+    """gen_length: auto gives one config per task length: the overall rows must differ."""
+    from dllm_decode.eval.analyze import COLUMNS, config_label
+
+    rows = [*rows_for("g32", COPY, [1], [8], steps=8),
+            *rows_for("g64", SUDOKU, [0], [16], steps=16, gen_length=64, block_length=64)]
+    overall = config_table(cell_table(rows), by="")
+    labels = {r["config_hash"]: (r["config"], r["covers"]) for r in overall}
+    assert labels == {"g32": ("low_confidence[steps=8] gen=32 block=full", "waiting_line (1)"),
+                      "g64": ("low_confidence[steps=16] gen=64 block=full", "puzzle (1)")}
+    cell = cell_table(rows)[0]
+    assert "order_kendall_tau" in cell and "tau" not in cell  # not a policy's tau
+    assert "tau" not in config_table([cell], by="category")[0]
+    assert {"tpf", "tokens_per_step", "order_kendall_tau"} <= set(COLUMNS)
+    assert config_label({"policy": "threshold", "params": {"tau": 0.9}, "gen_length": 32,
+                         "block_length": 8, "steps": None}) == "threshold[tau=0.9] gen=32 block=8"
+
+
+def test_testbed_grid_rows_are_labelled_by_k() -> None:
+    """The k = 1 / 4 / 8 rows of benchmarks/grids/testbed.yaml read differently."""
+    from dllm_decode.eval.analyze import config_label
+    from dllm_decode.eval.parallelbench.grid import expand_configs, load_grid
+
+    grid = load_grid(Path(__file__).resolve().parents[1] / "benchmarks/grids/testbed.yaml")
+    configs = expand_configs(grid, COPY, "testbed-llada")
+    labels = [config_label(c.as_dict()) for c in configs]
+    assert len(set(labels)) == len(labels) == 4
+    assert "low_confidence[schedule=llada,steps=4] gen=16 block=full" in labels
+
+
+def test_analysis_folder_explains_its_columns(rows: list[dict], tmp_path: Path) -> None:
+    from dllm_decode.eval.analyze import analyze_rows
+
+    analyze_rows(rows, tmp_path, plots=False)
+    legend = (tmp_path / "README.md").read_text()
+    assert "`tpf`: tokens per forward: answer tokens up to the first EOS" in legend
+    assert "`order_kendall_tau`" in legend and "EOS fill included" in legend

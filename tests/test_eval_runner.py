@@ -165,11 +165,15 @@ def _worker(rank: int, world: int, port: int, out: str) -> None:
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank),
                       WORLD_SIZE=str(world), LOCAL_RANK=str(rank))  # fmt: skip
-    run(Path(out), {"batch_size": 2})
+    summary = run(Path(out), {"batch_size": 2})
+    (Path(out) / f"report.rank{rank}.txt").write_text(summary.report())
 
 
 def test_two_process_gloo_matches_single_process(tmp_path: Path) -> None:
-    single = stable(read_rows(run(tmp_path / "single").rows_path))
+    one = run(tmp_path / "single")
+    single = stable(read_rows(one.rows_path))
+    assert one.report() == f"{len(single)} rows written, 0 resumed; {len(single)} rows in " \
+                           f"{one.rows_path}"
     # fork (not spawn) so the children skip re-importing torch; the gloo group is real.
     torch.multiprocessing.start_processes(
         _worker, args=(2, _free_port(), str(tmp_path / "dist")), nprocs=2, join=True,
@@ -178,6 +182,10 @@ def test_two_process_gloo_matches_single_process(tmp_path: Path) -> None:
     assert (tmp_path / "dist" / "rows.rank1.jsonl").is_file()
     merged = stable(read_rows(tmp_path / "dist" / "rows.jsonl"))
     assert merged == single
+    # rank 0 reports the merged total, not its own half (issue 36)
+    n = len(single)
+    report = (tmp_path / "dist" / "report.rank0.txt").read_text()
+    assert report.startswith(f"{n} rows written by 2 ranks, 0 resumed; {n} rows in ")
 
 
 def test_left_pad() -> None:

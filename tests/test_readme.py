@@ -76,3 +76,16 @@ def test_readme_snippet_runs_pasted_alone(line, code, tmp_path, monkeypatch, cap
     assert not [str(w.message) for w in caught], f"README.md:{line} warned"
     if "print(" in code:
         assert printed.strip(), f"README.md:{line} prints nothing"
+
+
+def test_readme_and_grid_comments_agree_on_out() -> None:
+    """A grid whose header comment gives its command and the README's command for it name the
+    same --out folder."""
+    readme = (ROOT / "README.md").read_text()
+    pattern = r"--grid (benchmarks/grids/[\w.]+\.yaml) --out (\S+)"
+    shown = dict(re.findall(pattern, readme))
+    assert shown, "the README shows no grid command"
+    for grid, out in shown.items():
+        comment = [m for m in re.findall(pattern, (ROOT / grid).read_text()) if m[0] == grid]
+        assert all(o == out for _, o in comment), (grid, out, comment)
+        assert f"eval analyze {out}" in readme or "analyze" not in readme

@@ -2,11 +2,16 @@
 
 Aggregation levels:
 
-* **cell** = (config, task): ``score`` = 100 x mean grader score, NFE mean, TPF (useful tokens,
-  micro and macro), ``tokens_per_step`` = sum(gen_length) / sum(NFE) (ParallelBench's measure:
-  ``gen_length / steps`` for fixed schedules, measured for adaptive ones), tokens/s, mean
-  decoding-order tau.
-* **config** = unweighted mean over tasks (per category and overall).
+* **cell** = (config, task): ``score`` = 100 x mean grader score, NFE mean, ``tpf`` (tokens
+  per forward: the answer's tokens up to its first EOS / NFE, micro; ``tpf_macro`` per row:
+  the field's speed figure), ``tokens_per_step`` = sum(gen_length) / sum(NFE) (the budget
+  per forward, EOS fill included: ParallelBench's x axis, ``gen_length / steps`` for fixed
+  schedules, measured for adaptive ones), tokens/s, ``order_kendall_tau`` (the mean
+  decoding-order Kendall tau, 1 = left to right; not a policy's ``tau`` parameter).
+  ``COLUMNS`` explains each column; ``analysis/README.md`` repeats it beside the tables.
+* **config** = unweighted mean over tasks (per category and overall). A sweep entry with
+  ``gen_length: auto`` yields one config per task length, so its overall rows name the gen
+  length in ``config`` and the tasks they average in ``covers``.
 * **order** = per method, how the canvas was filled: Kendall tau, pairs in order, rounds,
   commit time per quarter of the answer (``eval.order``; ``order.png``).
 * **method** = a config minus its speed knob (``steps`` for top-k policies, ``params`` for
@@ -50,11 +55,40 @@ def method_of(config: Mapping[str, Any]) -> str:
     )
 
 
+#: what each table column means (``analysis/README.md``; ``eval analyze`` prints the speed ones)
+COLUMNS: Final[dict[str, str]] = {
+    "score": "100 x mean grader score",
+    "nfe": "mean forward passes per answer",
+    "tpf": "tokens per forward: answer tokens up to the first EOS / NFE (summed over rows); "
+           "the speed figure papers report",
+    "tpf_macro": "tpf per row, averaged over rows",
+    "tokens_per_step": "generation budget (gen_length, EOS fill included) / NFE: "
+                       "ParallelBench's x axis; equals k = gen_length / steps for fixed "
+                       "schedules, >= tpf always",
+    "tokens_per_second": "answer tokens up to EOS / wall-clock seconds",
+    "order_kendall_tau": "decoding-order Kendall tau between commit order and position "
+                         "(1 = left to right); not the tau parameter of a policy",
+    "covers": "the tasks an overall row averages, by category (count)",
+}
+
+
 def config_label(config: Mapping[str, Any]) -> str:
-    """Short human label: policy, params / steps, block length."""
-    params = ",".join(f"{k}={v}" for k, v in sorted(config.get("params", {}).items()))
-    speed = params or f"steps={config.get('steps')}"
-    return f"{policy_label(config)}[{speed}] block={config.get('block_length')}"
+    """Short human label naming everything that tells configs of one sweep apart: policy,
+    params, steps (fixed schedules), gen length, block length (``full`` = the generation)."""
+    parts = [f"{k}={v}" for k, v in sorted(config.get("params", {}).items())]
+    if config.get("steps") is not None:
+        parts.append(f"steps={config['steps']}")
+    gen, block = config.get("gen_length"), config.get("block_length")
+    block_label = "full" if block in (None, gen) else str(block)
+    return f"{policy_label(config)}[{','.join(parts)}] gen={gen} block={block_label}"
+
+
+def _covers(cells: Sequence[Row]) -> str:
+    """``waiting_line (3), puzzle (1)``: the categories of ``cells`` with task counts."""
+    counts: dict[str, int] = defaultdict(int)
+    for cell in cells:
+        counts[cell["category"]] += 1
+    return ", ".join(f"{c} ({n})" for c, n in sorted(counts.items()))
 
 
 def _mean(values: Iterable[float]) -> float | None:
@@ -87,7 +121,7 @@ def cell_table(rows: Sequence[Row]) -> list[Row]:
             "tokens_per_step": metrics.tpf_micro([r["gen_tokens_budget"] for r in members], nfe)
             if sum(nfe) else None,
             "tokens_per_second": sum(useful) / seconds if seconds > 0 else None,
-            "tau": _mean(taus),
+            "order_kendall_tau": _mean(taus),
         })  # fmt: skip
     return cells
 
@@ -104,9 +138,10 @@ def config_table(cells: Sequence[Row], by: str = "category") -> list[Row]:
         out.append({
             "config_hash": config_hash, "group": group, "method": first["method"],
             "config": first["config"], "adaptive": first["adaptive"], "tasks": len(members),
+            **({} if by else {"covers": _covers(members)}),
             **{key: _mean(m[key] for m in members if m[key] is not None)
                for key in ("score", "score_strict", "nfe", "tpf", "tokens_per_step",
-                           "tokens_per_second", "tau")},
+                           "tokens_per_second", "order_kendall_tau")},
         })  # fmt: skip
     return out
 
@@ -242,6 +277,8 @@ def analyze_rows(
         tables["order"] = order
     for name, table in tables.items():
         write_table(table, out / name)
+    legend = "\n".join(f"- `{name}`: {text}" for name, text in COLUMNS.items())
+    (out / "README.md").write_text(f"# Columns of these tables\n\n{legend}\n")
     if plots:
         from dllm_decode.eval.parallelbench.plots import pareto_plot, score_panels
 
@@ -267,5 +304,8 @@ def run_analyze(args: Any) -> dict[str, list[Row]]:
         plots=not getattr(args, "no_plots", False),
     )  # fmt: skip
     print(to_markdown(tables["overall"]))
+    print(f"tpf = answer tokens up to EOS per forward; tokens_per_step = gen_length per forward "
+          f"(EOS fill included); order_kendall_tau = commit order vs position. Columns: "
+          f"{target / 'README.md'}")
     print(f"tables and plots written to {target}")
     return tables

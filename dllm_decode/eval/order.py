@@ -4,7 +4,8 @@ Per row, over the useful positions (before the first EOS; all of them when there
 each position's *commit time* is the rank of its commit step among the row's distinct commit
 steps, scaled to [0, 1] (0 = committed in the first round, 1 = in the last). Per method:
 
-* ``tau``: mean decoding-order Kendall tau (1 = strictly left to right);
+* ``order_kendall_tau``: mean decoding-order Kendall tau (1 = strictly left to right; named so
+  that it is not read as a policy's ``tau`` parameter);
 * ``in_order``: fraction of adjacent useful pairs committed left before (or with) right;
 * ``rounds``: mean distinct commit steps per row; ``max_per_round``: mean of the largest
   number of useful positions committed in one round;
@@ -78,7 +79,7 @@ def order_table(rows: Sequence[Row], method_of: Any) -> list[Row]:
             continue
         taus = [r["decoding_order_tau"] for r in members if r.get("decoding_order_tau") is not None]
         entry: Row = {"method": method, "rows": len(summaries),
-                      "tau": sum(taus) / len(taus) if taus else None}
+                      "order_kendall_tau": sum(taus) / len(taus) if taus else None}
         for key in summaries[0]:
             entry[key] = sum(s[key] for s in summaries) / len(summaries)
         out.append(entry)

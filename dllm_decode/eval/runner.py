@@ -130,12 +130,27 @@ def _barrier(world: int) -> None:
         dist.barrier()
 
 
+def _sum_over_ranks(world: int, *counts: int) -> tuple[int, ...]:
+    """``counts`` summed over every rank (one gloo all-reduce; unchanged on one process)."""
+    if world <= 1:
+        return counts
+    import torch.distributed as dist
+
+    total = torch.tensor(counts, dtype=torch.long)
+    dist.all_reduce(total)
+    return tuple(int(c) for c in total.tolist())
+
+
 # ---------------------------------------------------------------- the run
 
 
 @dataclass
 class RunSummary:
-    """What one ``run_grid`` call did on this rank."""
+    """What one ``run_grid`` call did on this rank.
+
+    ``written`` / ``resumed`` count this rank's work units; ``written_all`` / ``resumed_all``
+    every rank's; ``merged`` the rows of the merged ``rows.jsonl`` (rank 0; -1 elsewhere).
+    """
 
     rows_path: Path
     written: int
@@ -143,6 +158,16 @@ class RunSummary:
     configs: int
     skipped: list[str] = field(default_factory=list)
     rank: int = 0
+    world: int = 1
+    written_all: int = 0
+    resumed_all: int = 0
+    merged: int = -1
+
+    def report(self) -> str:
+        """The line ``eval parallelbench`` prints (rank 0): totals over every rank."""
+        ranks = f" by {self.world} ranks" if self.world > 1 else ""
+        return (f"{self.written_all} rows written{ranks}, {self.resumed_all} resumed; "
+                f"{self.merged} rows in {self.rows_path}")
 
 
 def _reference(record: Mapping[str, Any]) -> str:
@@ -267,10 +292,12 @@ def run_grid(
     finally:
         bar.close()
         writer.close()
-    _barrier(world)
-    rows_path = out / ROWS_FILE
+    written_all, resumed_all = _sum_over_ranks(world, len(todo), len(mine) - len(todo))
+    rows_path, merged = out / ROWS_FILE, -1
     if rank == 0:
         rows_path = merge_rows(out)
+        with rows_path.open() as handle:
+            merged = sum(1 for line in handle if line.strip())
     _barrier(world)
     if created:
         import torch.distributed as dist
@@ -278,7 +305,8 @@ def run_grid(
         dist.destroy_process_group()
     configs = len({u[0] for u in units})
     skipped = list(dict.fromkeys(grid.skipped))
-    return RunSummary(rows_path, len(todo), len(mine) - len(todo), configs, skipped, rank)
+    return RunSummary(rows_path, len(todo), len(mine) - len(todo), configs, skipped, rank,
+                      world, written_all, resumed_all, merged)
 
 
 # ---------------------------------------------------------------- data and CLI entry
@@ -384,5 +412,5 @@ def run_sweep(args: Any) -> RunSummary:
     if summary.rank == 0:
         for line in summary.skipped:
             print(f"skipped config: {line}")
-        print(f"{summary.written} rows written, {summary.resumed} resumed -> {summary.rows_path}")
+        print(summary.report())
     return summary
