@@ -203,6 +203,9 @@ def load_tokenizer(name_or_path: str | Path | None = None, *, revision: str | No
         else None
     if has_fast and cls_name in (None, "PreTrainedTokenizerFast"):
         return PreTrainedTokenizerFast.from_pretrained(str(directory))
+    from dllm_decode.models.loading import register_auto_config
+
+    register_auto_config()  # AutoTokenizer reads config.json: let AutoConfig know our types
     try:
         return AutoTokenizer.from_pretrained(str(directory), trust_remote_code=False)
     except (ValueError, KeyError, OSError) as err:

@@ -101,11 +101,10 @@ class DllmDecodeLM(LM):
 
             model = load_model(pretrained, dtype=getattr(torch, dtype), device=device)
         if tokenizer is None or isinstance(tokenizer, str):
-            from transformers import AutoTokenizer
-
             from dllm_decode.eval.runner import _tokenizer_source
+            from dllm_decode.tokenizer import load_tokenizer
 
-            tokenizer = AutoTokenizer.from_pretrained(_tokenizer_source(pretrained, tokenizer))
+            tokenizer = load_tokenizer(_tokenizer_source(pretrained, tokenizer))
         self.model, self.tokenizer = model, tokenizer
         self.device_name = device
         self.batch_size = int(_typed(batch_size)) if str(batch_size) != "auto" else 1

@@ -400,11 +400,13 @@ def run_sweep(args: Any) -> RunSummary:
     elif hasattr(model, "encode_prompt"):
         codec = ModelCodec(model)
     else:
-        from transformers import AutoTokenizer
+        from dllm_decode.tokenizer import load_tokenizer
 
         source = _tokenizer_source(model_name, getattr(args, "tokenizer", None) or grid.tokenizer)
         eos = getattr(model, "eos_token_ids", None)
-        codec = TokenizerCodec(AutoTokenizer.from_pretrained(source), eos_token_ids=eos)
+        # load_tokenizer, not AutoTokenizer: AutoTokenizer first reads config.json through
+        # AutoConfig, which does not know the llada / Dream / sdar model types
+        codec = TokenizerCodec(load_tokenizer(source), eos_token_ids=eos)
     summary = run_grid(
         grid, records, args.out, decode=sampler_decode_fn(model), codec=codec,
         model=str(model_name), progress=not getattr(args, "no_progress", False),
