@@ -7,8 +7,13 @@ record's valid answers (ParallelBench's rule). Per config: mean accuracy over ta
 bootstrap interval (prompts resampled within each task), NFE, TPF = gen length / NFE, and a
 paired bootstrap test of the difference to the one-token-per-step baseline on the same
 prompts. Per method family (a parameter sweep): AUP over its (TPF, accuracy) points, anchored
-at the baseline. Writes ``results/testbed_methods.csv``, ``results/testbed_methods.md`` and
-``results/testbed_pareto.png``.
+at the baseline. Writes ``results/<tag>.csv``, ``results/<tag>.md`` and
+``results/<tag>_pareto.png`` (``--tag``, default ``testbed_methods``).
+
+Run time: about 13 minutes on 2 CPU cores for the default three models at ``--n 50`` (36
+configs each); every config prints a line as it finishes, with the elapsed time and an
+estimate of what is left (``--models testbed-llada --n 2``: under a minute).
+``--plot-only`` redraws the plot from an existing CSV.
 
     python benchmarks/bench_testbed.py --models oracle-cal testbed-llada testbed-dream --n 50
 """
@@ -161,13 +166,16 @@ def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     oracle = waiting_line_oracle()  # codec (encode/decode) of every test-bed model
     out = []
+    total, done, start = len(models) * len(CONFIGS), 0, time.perf_counter()
     for name in models:
         model = load(name)
         base = None
         for family, label, policy, kwargs in CONFIGS:
+            done += 1
             reason = skip_reason(model, policy)
             if reason is not None:
-                print(f"{name:14s} {family:18s} {label:22s} skipped: {reason}", flush=True)
+                print(f"{progress(done, total, start)} {name:14s} {family:18s} {label:22s} "
+                      f"skipped: {reason}", flush=True)
                 continue
             pol, kw = policy_of(policy, kwargs)
             t0 = time.thread_time()
@@ -189,10 +197,18 @@ def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
                         "python": platform.python_version(), "commit": commit(),
                         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")})
             r = out[-1]
-            print(f"{name:14s} {family:18s} {label:22s} acc {r['acc']:6.2f} "
+            print(f"{progress(done, total, start)} {name:14s} {family:18s} {label:22s} "
+                  f"acc {r['acc']:6.2f} "
                   f"[{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] NFE {r['nfe']:6.2f} TPF {r['tpf']:5.2f}"
                   f"{' *' if r['significant'] else ''}", flush=True)
     return out
+
+
+def progress(done: int, total: int, start: float) -> str:
+    """``[ 7/93  1.2 min, ~14.7 min left]``: configs done, elapsed, a linear estimate."""
+    elapsed = (time.perf_counter() - start) / 60
+    left = elapsed / done * (total - done) if done else 0.0
+    return f"[{done:{len(str(total))}d}/{total} {elapsed:5.1f} min, ~{left:4.1f} min left]"
 
 
 def aup_table(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
@@ -231,33 +247,71 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
-def pareto_plot(rows: list[dict[str, Any]], path: Path) -> None:
+#: markers cycled beside the colours, so methods that share a hue still differ in shape
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "<")
+
+
+def method_styles(families: list[str]) -> dict[str, tuple[Any, str]]:
+    """A distinct (colour, marker) per method family: tab20's dark hues, then its light ones,
+    then tab20b (40 colours, none reused); the marker also changes between a hue's dark and
+    light variant."""
     import matplotlib
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    tab20 = matplotlib.colormaps["tab20"].colors
+    palette = list(tab20[::2]) + list(tab20[1::2]) + list(matplotlib.colormaps["tab20b"].colors)
+    if len(families) > len(palette):
+        raise ValueError(f"{len(families)} methods: at most {len(palette)} distinct colours")
+    return {f: (palette[i], MARKERS[(i + i // len(MARKERS)) % len(MARKERS)])
+            for i, f in enumerate(families)}
+
+
+def pareto_plot(rows: list[dict[str, Any]], path: Path) -> Any:
+    """One panel per model, accuracy vs TPF per method family with 95 % intervals; every
+    family keeps its colour and marker across panels; the legend sits right of the axes."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
 
     models = list(dict.fromkeys(r["model"] for r in rows))
-    fig, axes = plt.subplots(1, len(models), figsize=(5.5 * len(models), 4.5), squeeze=False)
-    for ax, model in zip(axes[0], models, strict=True):
+    styles = method_styles(list(dict.fromkeys(r["family"] for r in rows)))
+    fig = Figure(figsize=(5.5 * len(models) + 2.5, 4.8), layout="constrained")
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(1, len(models), squeeze=False)[0]
+    for ax, model in zip(axes, models, strict=True):
         mine = [r for r in rows if r["model"] == model]
-        ax.set_prop_cycle(color=plt.cm.tab20.colors[:14],
-                          marker=["o", "s", "^", "D", "v", "P", "X"] * 2)
         for family in dict.fromkeys(r["family"] for r in mine):
             pts = sorted((r["tpf"], r["acc"], r["ci_lo"], r["ci_hi"]) for r in mine
                          if r["family"] == family)
             xs, ys, lo, hi = zip(*pts, strict=True)
             err = [[y - l for y, l in zip(ys, lo, strict=True)],
                    [h - y for y, h in zip(ys, hi, strict=True)]]
-            ax.errorbar(xs, ys, yerr=err, ms=4, capsize=2, label=family)
+            colour, marker = styles[family]
+            ax.errorbar(xs, ys, yerr=err, ms=5, capsize=2, color=colour, marker=marker,
+                        label=family)
         ax.set_title(model)
         ax.set_xlabel("tokens per forward (gen length / NFE)")
         ax.set_ylabel("accuracy % (mean over 9 tasks)")
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
-    axes[0][-1].legend(fontsize=7, loc="lower left")
-    fig.tight_layout()
+    handles, labels = {}, {}
+    for ax in axes:  # one entry per family, from whichever panel has it
+        for h, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, h)
+            labels.setdefault(label, label)
+    fig.legend(list(handles.values()), list(labels), loc="outside right upper", fontsize=7,
+               title="method")
+    path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
+    return fig
+
+
+def read_rows(path: Path) -> list[dict[str, Any]]:
+    """The rows of a results CSV, with the numbers the plot reads as floats."""
+    with path.open() as fh:
+        rows = list(csv.DictReader(fh))
+    for r in rows:
+        for key in ("acc", "ci_lo", "ci_hi", "tpf", "nfe"):
+            r[key] = float(r[key])
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -267,7 +321,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=50, help="held-out prompts per task")
     ap.add_argument("--seed", type=int, default=0, help="offset of the record generator seed")
     ap.add_argument("--tag", default="testbed_methods")
+    ap.add_argument("--plot-only", action="store_true",
+                    help="redraw results/<tag>_pareto.png from results/<tag>.csv (no decoding)")
     args = ap.parse_args(argv)
+    if args.plot_only:
+        rows = read_rows(RESULTS / f"{args.tag}.csv")
+        pareto_plot(rows, RESULTS / f"{args.tag}_pareto.png")
+        return 0
     rows = run(args.models, args.n, args.seed)
     RESULTS.mkdir(exist_ok=True)
     with (RESULTS / f"{args.tag}.csv").open("w", newline="") as fh:

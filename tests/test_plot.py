@@ -93,3 +93,36 @@ def test_one_step_decode_draws_a_sensible_figure(tmp_path) -> None:
     steps = [t for t in bottom.get_xticks() if -0.5 <= t <= 0.5]
     assert steps == [0.0] and all(float(t).is_integer() for t in bottom.get_xticks())
     assert fig._suptitle.get_text().startswith("row 0: 1 step, 1 forward, 8.00")
+
+
+def test_testbed_pareto_plot_distinct_styles_and_legend_outside(tmp_path) -> None:
+    """benchmarks/bench_testbed.py: no two methods share a colour (or colour + marker), the
+    legend lies outside every panel, and a family keeps its style across panels."""
+    import importlib.util
+    from pathlib import Path
+
+    from matplotlib.colors import to_hex
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("bench_testbed",
+                                                  root / "benchmarks" / "bench_testbed.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    families = [f"method{i}" for i in range(22)]
+    rows = [{"model": m, "family": f, "tpf": 1.0 + i / 3 + j, "acc": 90.0 - i, "ci_lo": 85.0 - i,
+             "ci_hi": 95.0 - i} for m in ("a", "b") for i, f in enumerate(families)
+            for j in range(2)]
+    fig = bench.pareto_plot(rows, tmp_path / "pareto.png")
+    assert (tmp_path / "pareto.png").stat().st_size > 10_000
+    (legend,) = fig.legends
+    box = legend.get_window_extent()
+    per_panel = []
+    for ax in fig.axes:
+        assert not box.overlaps(ax.get_window_extent())
+        styles = {c.get_label(): (to_hex(c.lines[0].get_color()), c.lines[0].get_marker())
+                  for c in ax.containers}
+        assert len(styles) == len(families)
+        assert len({c for c, _ in styles.values()}) == len(families)  # no colour reused
+        per_panel.append(styles)
+    assert per_panel[0] == per_panel[1]
+    assert [t.get_text() for t in legend.get_texts()] == families
