@@ -10,13 +10,26 @@ other test packages imported ``dllm_decode`` first.
 from __future__ import annotations
 
 import os
+import warnings
 
 import pytest
 import torch
+from kernel_utils import INTERPRETER_NUMPY_WARNINGS
 
 HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")
+
+
+@pytest.fixture(autouse=True)
+def _expected_interpreter_warnings():
+    """Ignore the interpreter's expected numpy warnings in the kernel tests (this directory
+    only; ``kernel_utils.INTERPRETER_NUMPY_WARNINGS`` says which and why)."""
+    with warnings.catch_warnings():
+        for message in INTERPRETER_NUMPY_WARNINGS:
+            warnings.filterwarnings("ignore", message=message, category=RuntimeWarning,
+                                    module=r"triton\.runtime\.interpreter")
+        yield
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:
