@@ -44,19 +44,24 @@ def git_changes(root) -> set[str] | None:
     return set(res.stdout.splitlines()) if res.returncode == 0 else None
 
 
+#: suffixes of files a developer edits by hand (outputs are .png, .csv, .json, .jsonl, ...)
+EDITED_WHILE_TESTING = (".py", ".md", ".yaml", ".yml", ".toml", ".txt", ".cfg")
+
+
 def pytest_sessionstart(session) -> None:
     session.config._git_before = git_changes(session.config.rootpath)
 
 
 def pytest_sessionfinish(session, exitstatus) -> None:
     """Fail a passing run that left new or modified files in the repository (a test must write
-    under ``tmp_path``). Edits to ``.py`` files are not counted: a developer may be editing
-    sources while the suite runs."""
+    under ``tmp_path``). Edits to sources and docs (``EDITED_WHILE_TESTING``) are not counted:
+    a developer may be editing them while the suite runs."""
     before = getattr(session.config, "_git_before", None)
     after = git_changes(session.config.rootpath) if before is not None else None
     if after is None:
         return
-    stray = sorted(line for line in after - before if not line.rstrip().endswith(".py"))
+    stray = sorted(line for line in after - before
+                   if not line.rstrip().endswith(EDITED_WHILE_TESTING))
     if stray:
         import sys
 
