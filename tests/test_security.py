@@ -1,0 +1,184 @@
+"""No file the user did not name as code runs code (README "What runs code").
+
+A payload checkpoint (a pickle whose unpickling would create a marker file) is refused on every
+load path and never executed; training states are safetensors + JSON and resume exactly.
+"""
+
+from __future__ import annotations
+
+import pickle
+from pathlib import Path
+
+import pytest
+import torch
+
+from dllm_decode.cli import main as cli_main
+from dllm_decode.train.distill import (
+    DistillConfig,
+    _grow_weights,
+    distill,
+    export_checkpoint,
+    export_weights,
+)
+from dllm_decode.train.state import (
+    LegacyCheckpointError,
+    StateFormatError,
+    convert_legacy,
+    load_state,
+    save_state,
+)
+from dllm_decode.train.trainer import train_tiny_main
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+TINY = ["--hidden", "32", "--layers", "1", "--heads", "2", "--intermediate", "64",
+        "--batch-size", "4", "--tasks", "waiting_line/copy", "--min-items", "2",
+        "--max-items", "3", "--gen-length", "16", "--warmup", "1", "--log-every", "1",
+        "--ckpt-every", "2", "--eval-every", "0", "--eval-size", "1", "--threads", "1"]
+TESTBED = dict(family="llada", hidden=32, layers=1, heads=2, intermediate=64, batch_size=4,
+               log_every=2, ckpt_every=2, eval_every=0, eval_size=1)
+
+
+class _Payload:
+    """Unpickling this calls ``Path.touch(marker)``: the stand-in for arbitrary code."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):  # noqa: ANN204 - pickle protocol
+        return (Path.touch, (self.marker,))
+
+
+def _payload_files(tmp_path: Path) -> tuple[Path, list[Path]]:
+    """A marker path and payload files: torch.save zip and bare pickle, under .pt and under
+    the new names (a renamed pickle must be refused too)."""
+    marker = tmp_path / "PWNED"
+    state = {"model": {}, "step": 0, "config": {}, "x": _Payload(marker)}
+    files = []
+    for sub, name in (("zip", "checkpoint.pt"), ("zip2", "checkpoint.safetensors"),
+                      ("raw", "checkpoint.pt"), ("raw2", "checkpoint.safetensors")):
+        path = tmp_path / sub / name
+        path.parent.mkdir()
+        if sub.startswith("zip"):
+            torch.save(state, path)
+        else:
+            path.write_bytes(pickle.dumps(state))
+        files.append(path)
+    assert not marker.exists()
+    return marker, files
+
+
+@pytest.mark.filterwarnings("ignore:Detected pickle protocol")
+def test_payload_checkpoint_is_refused_and_never_run_on_every_load_path(tmp_path, capsys):
+    marker, files = _payload_files(tmp_path)
+    refused = (LegacyCheckpointError, StateFormatError)
+    for path in files:
+        run = path.parent
+        with pytest.raises(LegacyCheckpointError, match="train convert"):
+            load_state(path)
+        # train tiny --resume (library call and CLI: one error line, exit code 2)
+        with pytest.raises(refused):
+            train_tiny_main([*TINY, "--out", str(run), "--resume"])
+        assert cli_main(["train", "tiny", *TINY, "--out", str(run), "--resume"]) == 2
+        assert "dllm-decode train convert" in capsys.readouterr().err
+        # train testbed --resume, --grow-from, and the export helpers
+        with pytest.raises(refused):
+            distill(DistillConfig(out=str(run), steps=2, resume=True, **TESTBED))
+        with pytest.raises(refused):
+            _grow_weights(DistillConfig(grow_from=str(path), **TESTBED))
+        with pytest.raises(refused):
+            export_checkpoint(run, tmp_path / "exported")
+        with pytest.raises(refused):
+            export_weights(run, tmp_path / "weights.safetensors")
+        # even the conversion a user runs knowingly reads tensors and plain values only
+        with pytest.raises(StateFormatError, match="restricted loader refused"):
+            convert_legacy(path, tmp_path / f"converted-{run.name}.safetensors")
+        assert cli_main(["train", "convert", str(path), "--out",
+                         str(tmp_path / "c.safetensors")]) == 2
+        assert not marker.exists(), f"payload ran via {path}"
+    with pytest.raises(LegacyCheckpointError, match="train convert"):
+        DistillConfig(grow_from=str(files[0]), **TESTBED)  # refused before the run starts
+    # a fresh run never writes into a directory holding an old checkpoint
+    with pytest.raises(FileExistsError, match="--resume"):
+        train_tiny_main([*TINY, "--out", str(files[0].parent)])
+    assert not marker.exists()
+
+
+def test_model_and_filter_loads_never_unpickle(tmp_path):
+    from dllm_decode import load_model
+    from dllm_decode.models.loading import ASSETS
+    from dllm_decode.models.weights import CheckpointError
+    from dllm_decode.policies.learn2pd_filter import load_filter
+
+    marker = tmp_path / "PWNED"
+    model_dir = tmp_path / "model"
+    model_dir.mkdir()
+    (model_dir / "config.json").write_text((ASSETS / "tiny-llada/config.json").read_text())
+    torch.save({"w": _Payload(marker)}, model_dir / "pytorch_model.bin")
+    with pytest.raises(FileNotFoundError, match="model.safetensors"):
+        load_model(model_dir)  # a .bin is never read
+    torch.save({"w": _Payload(marker)}, model_dir / "model.safetensors")
+    with pytest.raises(CheckpointError, match="cannot read safetensors"):
+        load_model(model_dir)
+    bundled = next(ASSETS.glob("*/learn2pd_k*.json"))
+    (tmp_path / "f.json").write_text(bundled.read_text())
+    torch.save({"w": _Payload(marker)}, tmp_path / "f.safetensors")
+    with pytest.raises(Exception) as err:  # noqa: PT011 - whatever safetensors raises
+        load_filter(tmp_path / "f.safetensors")
+    assert "Payload" not in str(err.value)
+    assert not marker.exists()
+
+
+def test_training_state_round_trips_exactly_and_converts_trusted_files(tmp_path):
+    import random
+
+    model = torch.nn.Linear(3, 4)
+    opt = torch.optim.AdamW(model.parameters(), betas=(0.9, 0.95))
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    tied = torch.randn(5, 2)
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict(), "step": 7,
+             "wall_s": 0.1 + 0.2, "rng": {"torch": torch.get_rng_state(),
+                                          "python": random.getstate()},
+             "config": {"family": "llada", "$odd": [1, None, True]},
+             "ema": None, "tied": {"a": tied, "b": tied}}
+    back = load_state(save_state(tmp_path / "s.safetensors", state))
+    assert back["step"] == 7 and back["wall_s"] == 0.1 + 0.2 and back["ema"] is None
+    assert back["config"] == state["config"]
+    assert back["rng"]["python"] == random.getstate()  # tuples stay tuples (setstate needs)
+    random.setstate(back["rng"]["python"])
+    assert torch.equal(back["rng"]["torch"], torch.get_rng_state())
+    assert back["optimizer"]["param_groups"] == opt.state_dict()["param_groups"]
+    assert set(back["optimizer"]["state"]) == {0, 1}  # int keys survive JSON
+    for k, v in opt.state_dict()["state"][0].items():
+        assert torch.equal(back["optimizer"]["state"][0][k], v), k
+    assert torch.equal(back["tied"]["a"], back["tied"]["b"])
+    with pytest.raises(TypeError, match="only tensors"):
+        save_state(tmp_path / "bad.safetensors", {"x": object()})
+    # a trusted old checkpoint converts (torch.load(weights_only=True)) to the same state
+    torch.save(state, tmp_path / "checkpoint.pt")
+    out = convert_legacy(tmp_path / "checkpoint.pt")
+    assert out == tmp_path / "checkpoint.safetensors"
+    again = load_state(out)
+    assert again["step"] == 7 and again["rng"]["python"] == state["rng"]["python"]
+    assert torch.equal(again["model"]["weight"], state["model"]["weight"])
+    with pytest.raises(FileExistsError):
+        convert_legacy(tmp_path / "checkpoint.pt")
+    # a model checkpoint is not a training state, and says so
+    from dllm_decode.models.loading import ASSETS
+
+    with pytest.raises(StateFormatError, match="not a dllm-decode training state"):
+        load_state(ASSETS / "tiny-llada/model.safetensors")
+
+
+def test_grow_from_a_model_directory_starts_from_its_exported_weights(tmp_path):
+    from dllm_decode import load_model
+
+    run = distill(DistillConfig(out=str(tmp_path / "a"), steps=2, **TESTBED))
+    assert run["steps_done"] == 2
+    start = _grow_weights(DistillConfig(grow_from=str(tmp_path / "a/model"), **TESTBED))
+    exported = load_model(tmp_path / "a/model", dtype=torch.float32).state_dict()
+    assert set(start) == set(exported)
+    assert all(torch.equal(start[k], exported[k]) for k in start)
+    with pytest.raises(ValueError, match="drop --grow-average"):
+        DistillConfig(grow_from=str(tmp_path / "a/model"), grow_average=True, **TESTBED)
