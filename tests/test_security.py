@@ -182,3 +182,131 @@ def test_grow_from_a_model_directory_starts_from_its_exported_weights(tmp_path):
     assert all(torch.equal(start[k], exported[k]) for k in start)
     with pytest.raises(ValueError, match="drop --grow-average"):
         DistillConfig(grow_from=str(tmp_path / "a/model"), grow_average=True, **TESTBED)
+
+
+# ------------------------------------------------------------------ "What runs code" is complete
+
+ROOT = Path(__file__).resolve().parents[1]
+#: names whose every use in the package must be listed (modules and keyword)
+_NAMES = {"importlib", "__import__", "runpy", "pickle", "cPickle", "dill", "cloudpickle",
+          "marshal", "shelve", "joblib", "subprocess", "trust_remote_code"}
+#: builtins that run code from a string (method calls such as ``model.eval()`` do not count)
+_BUILTINS = {"exec", "eval", "compile"}
+_YAML_UNSAFE = {"load", "load_all", "unsafe_load", "full_load", "Loader", "UnsafeLoader",
+                "FullLoader"}
+
+
+def code_uses(source: str) -> set[str]:
+    """The code-running uses in ``source``, from its tokens (comments and docstrings do not
+    count; a string literal equal to a listed name, e.g. a ``"trust_remote_code"`` key, does)."""
+    import ast
+    import io
+    import tokenize
+
+    skip = (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE, tokenize.INDENT, tokenize.DEDENT)
+    toks = [t for t in tokenize.generate_tokens(io.StringIO(source).readline)
+            if t.type not in skip]
+    found: set[str] = set()
+    for i, t in enumerate(toks):
+        prev = toks[i - 1].string if i else ""
+        before = toks[i - 2].string if i > 1 else ""
+        nxt = toks[i + 1].string if i + 1 < len(toks) else ""
+        if t.type == tokenize.NAME:
+            if t.string in _NAMES:
+                found.add(t.string)
+            elif t.string in _BUILTINS and prev not in (".", "def") and nxt == "(":
+                found.add(t.string + "(")
+            elif prev == "." and before == "torch" and t.string == "load":
+                found.add("torch.load")
+            elif prev == "." and before == "yaml" and t.string in _YAML_UNSAFE:
+                found.add("yaml.load")
+        elif t.type == tokenize.STRING:
+            try:
+                value = ast.literal_eval(t.string)
+            except (ValueError, SyntaxError):
+                continue
+            if value in _NAMES:
+                found.add(value)
+    return found
+
+
+def readme_listing() -> dict[str, set[str]]:
+    """``{file: uses}`` from the table of the README's "What runs code" section."""
+    import re
+
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## What runs code\n", 1)[1].split("\n## ", 1)[0]
+    listed: dict[str, set[str]] = {}
+    for line in section.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) >= 3 and cells[0].startswith("`dllm_decode/"):
+            listed[cells[0].strip("`")] = set(re.findall(r"`([^`]+)`", cells[1]))
+    return listed
+
+
+def test_scanner_finds_what_it_looks_for() -> None:
+    src = ('import importlib\nx = torch.load(p)\nexec(code)\nmodel.eval()\n'
+           'f(**{"trust_remote_code": True})\nyaml.load(s)\nyaml.safe_load(s)\n'
+           '"""pickle in a docstring"""\n# eval( in a comment\nast.literal_eval(s)\n')
+    assert code_uses(src) == {"importlib", "torch.load", "exec(", "trust_remote_code",
+                              "yaml.load"}
+
+
+def test_readme_lists_every_place_that_can_run_code() -> None:
+    listed = readme_listing()
+    assert listed, "README section 'What runs code' has no table"
+    found = {}
+    for path in sorted((ROOT / "dllm_decode").rglob("*.py")):
+        uses = code_uses(path.read_text())
+        if uses:
+            found[path.relative_to(ROOT).as_posix()] = uses
+    unlisted = {f: sorted(u - listed.get(f, set())) for f, u in found.items()
+                if u - listed.get(f, set())}
+    assert not unlisted, (f"code-running uses not listed in README 'What runs code': {unlisted}; "
+                          "list them there (what runs and who names it), or remove them")
+    stale = {f: sorted(u - found.get(f, set())) for f, u in listed.items()
+             if u - found.get(f, set())}
+    assert not stale, f"README 'What runs code' lists uses the code no longer has: {stale}"
+    assert "yaml.load" not in set().union(*found.values()), "use yaml.safe_load"
+
+
+def test_a_checkpoint_naming_its_own_code_is_refused_not_imported(tmp_path, monkeypatch):
+    """``auto_map`` / an unknown ``model_type`` / a tokenizer class of its own: refused, and
+    the module beside the files is never imported."""
+    import json
+
+    from dllm_decode import load_model
+    from dllm_decode.models.loading import ASSETS
+    from dllm_decode.models.weights import CheckpointError
+    from dllm_decode.tokenizer import load_tokenizer
+
+    marker = tmp_path / "PWNED"
+    d = tmp_path / "ckpt"
+    d.mkdir()
+    (d / "evil.py").write_text(f"open({str(marker)!r}, 'w').close()\nclass Evil: pass\n")
+    monkeypatch.syspath_prepend(str(d))
+    monkeypatch.chdir(d)
+    cfg = json.loads((ASSETS / "tiny-llada/config.json").read_text())
+    (d / "model.safetensors").write_bytes((ASSETS / "tiny-llada/model.safetensors").read_bytes())
+    auto = {"AutoConfig": "evil.Evil", "AutoModel": "evil.Evil"}
+    for model_type in ("evil", "evil.py:Evil", "evil:Evil"):
+        (d / "config.json").write_text(json.dumps(cfg | {"model_type": model_type,
+                                                         "auto_map": auto}))
+        with pytest.raises(CheckpointError, match="unknown model_type"):
+            load_model(d)
+    (d / "tokenizer_config.json").write_text(json.dumps(
+        {"tokenizer_class": "Evil", "auto_map": {"AutoTokenizer": ["evil.Evil", None]}}))
+    with pytest.raises((ValueError, OSError)):
+        load_tokenizer(d)
+    assert not marker.exists()
+
+
+def test_lm_eval_trust_remote_code_never_reaches_the_model() -> None:
+    pytest.importorskip("lm_eval")
+    from dllm_decode.eval.lm_eval import DllmDecodeLM
+
+    with pytest.warns(UserWarning, match="trust_remote_code=True is ignored"):
+        lm = DllmDecodeLM(pretrained="tiny-llada", trust_remote_code="True")
+    assert "trust_remote_code" not in lm.knobs
+    assert "trust_remote_code" not in DllmDecodeLM(pretrained="tiny-llada",
+                                                   trust_remote_code=False).knobs

@@ -376,7 +376,8 @@ def run_sweep(args: Any) -> RunSummary:
 
         source = _tokenizer_source(model_name, getattr(args, "tokenizer", None) or grid.tokenizer)
         eos = getattr(model, "eos_token_ids", None)
-        codec = TokenizerCodec(AutoTokenizer.from_pretrained(source), eos_token_ids=eos)
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=False)
+        codec = TokenizerCodec(tokenizer, eos_token_ids=eos)
     summary = run_grid(
         grid, records, args.out, decode=sampler_decode_fn(model), codec=codec,
         model=str(model_name), progress=not getattr(args, "no_progress", False),

@@ -71,7 +71,7 @@ def task_prompts(model_dir: Path, n: int, seed: int = 0, tasks: Sequence[str] | 
                          "pass --prompts FILE instead")
     from transformers import AutoTokenizer
 
-    codec = TokenizerCodec(AutoTokenizer.from_pretrained(str(model_dir)))
+    codec = TokenizerCodec(AutoTokenizer.from_pretrained(str(model_dir), trust_remote_code=False))
     return _round_robin(
         list(tasks or TASKS), n, codec.encode,
         lambda t, per: generate_task(t, per, split_seed(t, "train") + seed, split="train",
