@@ -449,3 +449,26 @@ def test_an_oversized_json_file_is_refused_unread(tmp_path, monkeypatch):
     monkeypatch.setattr(weights, "MAX_JSON_BYTES", 100)
     with pytest.raises(CheckpointError, match="is not a config or index file"):
         load_model(d)
+
+
+def test_a_converted_old_checkpoint_resumes_exactly(tmp_path):
+    """An old run (``checkpoint.pt``, as ``torch.save`` wrote it) converted with ``train
+    convert`` continues bit for bit like an uninterrupted run."""
+    straight, split = tmp_path / "straight", tmp_path / "split"
+    flags = [*TINY, "--steps", "4"]
+    train_tiny_main([*flags, "--out", str(straight)])
+    train_tiny_main([*TINY, "--steps", "2", "--out", str(split)])
+    new = split / "checkpoint.safetensors"
+    torch.save(load_state(new), split / "checkpoint.pt")  # what older versions wrote
+    new.unlink()
+    assert cli_main(["train", "tiny", *flags, "--out", str(split), "--resume"]) == 2  # refused
+    assert cli_main(["train", "convert", str(split / "checkpoint.pt")]) == 0
+    (split / "checkpoint.pt").unlink()
+    train_tiny_main([*flags, "--out", str(split), "--resume"])
+    a, b = load_state(straight / "checkpoint.safetensors"), load_state(new)
+    assert a["step"] == b["step"] == 4 and a["window"] == b["window"]
+    for name, tensor in a["model"].items():
+        assert torch.equal(tensor, b["model"][name]), name
+    for i, moments in a["optimizer"]["state"].items():
+        for key, value in moments.items():
+            assert torch.equal(value, b["optimizer"]["state"][i][key]), (i, key)
