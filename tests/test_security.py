@@ -182,6 +182,11 @@ def test_grow_from_a_model_directory_starts_from_its_exported_weights(tmp_path):
     assert all(torch.equal(start[k], exported[k]) for k in start)
     with pytest.raises(ValueError, match="drop --grow-average"):
         DistillConfig(grow_from=str(tmp_path / "a/model"), grow_average=True, **TESTBED)
+    # a grown run's recorded source is history: exporting it later works when it is gone
+    source = tmp_path / "a/checkpoint.safetensors"
+    distill(DistillConfig(out=str(tmp_path / "b"), steps=2, grow_from=str(source), **TESTBED))
+    source.unlink()
+    assert "--grow-from" in export_checkpoint(tmp_path / "b", tmp_path / "b-export")["command"]
 
 
 # ------------------------------------------------------------------ "What runs code" is complete

@@ -47,7 +47,7 @@ from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
 from dllm_decode.train.csvlog import append_row, truncate_rows
-from dllm_decode.train.distill_config import DistillConfig
+from dllm_decode.train.distill_config import DistillConfig, saved_config
 from dllm_decode.train.distill_objective import distill_loss
 from dllm_decode.train.ema import WeightAverage
 from dllm_decode.train.grow import grow_into
@@ -315,7 +315,7 @@ def _grow_weights(cfg: DistillConfig) -> dict[str, Tensor]:
 
 def evaluated_student(state: dict[str, Any], oracle: WaitingLineOracle) -> DecoderLM:
     """The model a training checkpoint evaluates and exports (``averaged_weights``)."""
-    model = build_student(DistillConfig(**state["config"]), oracle)
+    model = build_student(saved_config(state["config"]), oracle)
     model.load_state_dict(averaged_weights(state))
     return model
 
@@ -346,7 +346,7 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
     previous = run_dir / "run.json"
     schedule = state.get("eval_schedule") or (
         json.loads(previous.read_text()).get("eval_schedule") if previous.exists() else None)
-    cfg, oracle = DistillConfig(**state["config"]), waiting_line_oracle()
+    cfg, oracle = saved_config(state["config"]), waiting_line_oracle()
     model = evaluated_student(state, oracle)
     export_testbed(untie(model).eval(), oracle, directory)
     return _write_run_summary(run_dir, cfg,

@@ -129,6 +129,16 @@ def parse_task_weights(spec: str) -> dict[str, float]:
     return out
 
 
+def saved_config(data: dict) -> DistillConfig:
+    """The config a training state recorded, as it was: its ``grow_from`` source is history
+    (it may be gone, or an old ``checkpoint.pt`` since converted), so it is not checked."""
+    source, average = data.get("grow_from", ""), data.get("grow_average", False)
+    cfg = DistillConfig(**{**data, "grow_from": "", "grow_average": False})
+    object.__setattr__(cfg, "grow_from", source)  # frozen: set past the validation
+    object.__setattr__(cfg, "grow_average", average)
+    return cfg
+
+
 def check_grow_source(source: str, average: bool) -> None:
     """``ValueError`` unless ``source`` is a training state file, or (without ``average``) a
     model directory or bundled model name; ``LegacyCheckpointError`` for a pickle file."""
