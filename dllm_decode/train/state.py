@@ -169,7 +169,12 @@ def load_state(path: str | Path) -> dict[str, Any]:
         tree = json.loads(meta[_META_KEY])
     except json.JSONDecodeError as err:
         raise StateFormatError(f"{path}: the state's JSON is invalid ({err})") from None
-    state = _decode(tree, tensors, path)
+    try:
+        state = _decode(tree, tensors, path)
+    except StateFormatError:
+        raise
+    except (TypeError, ValueError) as err:  # e.g. an unhashable key in a "$dict" entry
+        raise StateFormatError(f"{path}: the state's JSON is malformed ({err})") from None
     if not isinstance(state, dict):
         raise StateFormatError(f"{path}: the state must be a mapping")
     return state
