@@ -229,7 +229,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
-    if len(argv) >= 2 and argv[0] == "train" and argv[1] in ("tiny", "testbed", "learn2pd"):
+    if len(argv) >= 2 and argv[0] == "train" and argv[1] in ("tiny", "testbed", "learn2pd",
+                                                             "convert"):
         from dllm_decode.train.cli import run_train  # trainer flags pass through untouched
 
         return run_train(argv[1], argv[2:])

@@ -13,6 +13,12 @@ _SCHEDULES = ("llada", "dream")
 _RNG = ("compact", "reference")
 
 
+def _divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in order, in O(sqrt(n)) (listed in error messages only)."""
+    small = [d for d in range(1, math.isqrt(n) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
+
+
 @dataclass(frozen=True)
 class SamplerConfig:
     """Decoding settings shared by every policy.
@@ -116,11 +122,10 @@ class SamplerConfig:
               f"gen_length must be an int >= 1, got {self.gen_length!r}")
         check(self.block_length is None or self.block_length >= 1,
               f"block_length must be >= 1 or None, got {self.block_length!r}")
-        if self.block_length is not None:
-            check(self.gen_length % self.block_length == 0,
-                  f"gen_length ({self.gen_length}) must be divisible by block_length "
-                  f"({self.block_length}); valid block lengths: "
-                  f"{[d for d in range(1, self.gen_length + 1) if self.gen_length % d == 0]}")
+        if self.block_length is not None and self.gen_length % self.block_length:
+            check(False, f"gen_length ({self.gen_length}) must be divisible by block_length "
+                         f"({self.block_length}); valid block lengths: "
+                         f"{_divisors(self.gen_length)}")
         check(self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps!r}")
         check(0 <= self.temperature < math.inf,
               f"temperature must be a finite number >= 0, got {self.temperature}")

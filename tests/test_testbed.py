@@ -14,6 +14,7 @@ import yaml
 from dllm_decode.eval.runner import left_pad
 from dllm_decode.models.calibration import Calibration
 from dllm_decode.models.oracle import NEG_LOGIT
+from dllm_decode.train.state import load_state, save_state
 from dllm_decode.train.testbed import (
     TESTBED_GEN_LENGTH,
     TESTBED_NAMES,
@@ -187,8 +188,8 @@ def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thre
     distill(DistillConfig(out=str(tmp_path / "a"), steps=4, **common))
     distill(DistillConfig(out=str(tmp_path / "b"), steps=2, **common))
     distill(DistillConfig(out=str(tmp_path / "b"), steps=4, resume=True, **common))
-    a = torch.load(tmp_path / "a/checkpoint.pt", weights_only=False)
-    b = torch.load(tmp_path / "b/checkpoint.pt", weights_only=False)
+    a = load_state(tmp_path / "a/checkpoint.safetensors")
+    b = load_state(tmp_path / "b/checkpoint.safetensors")
     for name, value in a["ema"].items():  # the average continues exactly across a resume
         assert torch.equal(value, b["ema"][name]), name
     # decay 0.5 over 4 steps: the average differs from the last iterate, and the exported
@@ -205,20 +206,20 @@ def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thre
     assert json.loads(run_json.read_text())["eval_schedule"] == EVEN_SPLIT
     old = dict(a)
     del old["eval_schedule"]  # a checkpoint written before the key existed
-    torch.save(old, tmp_path / "a/checkpoint.pt")
+    save_state(tmp_path / "a/checkpoint.safetensors", old)
     assert export_checkpoint(tmp_path / "a", tmp_path / "again")["eval_schedule"] == EVEN_SPLIT
     run_json.unlink()
     assert "eval_schedule" not in export_checkpoint(tmp_path / "a", tmp_path / "again")
-    torch.save(a, tmp_path / "a/checkpoint.pt")  # its run.json now lacks the key
+    save_state(tmp_path / "a/checkpoint.safetensors", a)  # its run.json now lacks the key
     assert export_checkpoint(tmp_path / "a", tmp_path / "again")["eval_schedule"] == EVEN_SPLIT
-    export_weights(tmp_path / "a", tmp_path / "weights.pt")  # what a bundled stage keeps
-    kept = torch.load(tmp_path / "weights.pt", weights_only=False)
+    export_weights(tmp_path / "a", tmp_path / "weights.safetensors")  # the averaged weights
+    kept = load_state(tmp_path / "weights.safetensors")
     assert set(kept) == {"model", "step", "wall_s", "config"}
     assert torch.equal(kept["model"][key].float(), exported[key].float())
     # --grow-average continues from the average (what was evaluated), not the last iterate
     from dllm_decode.train.distill import _grow_weights
 
-    ckpt = str(tmp_path / "a/checkpoint.pt")
+    ckpt = str(tmp_path / "a/checkpoint.safetensors")
     start = _grow_weights(DistillConfig(grow_from=ckpt, grow_average=True, **common))
     assert torch.equal(start[key], a["ema"][key]) and set(start) == set(a["model"])
     assert torch.equal(_grow_weights(DistillConfig(grow_from=ckpt, **common))[key],
@@ -227,7 +228,8 @@ def test_weight_average_is_exported_and_resumes_exactly(tmp_path: Path, one_thre
                                   grow_average=True, **common))
     assert "--grow-average" in grown["command"]
     with pytest.raises(ValueError, match="holds no weight average"):
-        _grow_weights(DistillConfig(grow_from=str(tmp_path / "weights.pt"), grow_average=True))
+        _grow_weights(DistillConfig(grow_from=str(tmp_path / "weights.safetensors"),
+                                    grow_average=True))
     with pytest.raises(ValueError, match="grow_average needs grow_from"):
         DistillConfig(grow_average=True)
     with pytest.raises(ValueError, match="ema must lie in"):
@@ -253,7 +255,7 @@ def test_growing_depth_keeps_the_shallow_models_function(tmp_path: Path, family:
                   log_every=2, ckpt_every=2, eval_every=0, eval_size=1)
     shallow_cfg = DistillConfig(out=str(tmp_path / "s"), steps=2, layers=2, **common)
     distill(shallow_cfg)
-    state = torch.load(tmp_path / "s/checkpoint.pt", weights_only=False)["model"]
+    state = load_state(tmp_path / "s/checkpoint.safetensors")["model"]
     shallow = build_student(shallow_cfg, oracle)
     shallow.load_state_dict(state)
     deep = build_student(DistillConfig(layers=5, seed=3, **common), oracle)
@@ -285,10 +287,11 @@ def test_growing_depth_keeps_the_shallow_models_function(tmp_path: Path, family:
                   state)
     with pytest.raises(ValueError, match="cannot grow a 2-layer model into 1 layers"):
         grow_into(build_student(DistillConfig(layers=1, **common), oracle), state)
-    with pytest.raises(ValueError, match="grow_from must be a run's checkpoint.pt"):
-        DistillConfig(grow_from=str(tmp_path / "missing.pt"))
+    with pytest.raises(ValueError, match="grow_from must be a training state"):
+        DistillConfig(grow_from=str(tmp_path / "missing.safetensors"))
     grown = distill(DistillConfig(out=str(tmp_path / "g"), steps=2, layers=3,
-                                  grow_from=str(tmp_path / "s/checkpoint.pt"), **common))
+                                  grow_from=str(tmp_path / "s/checkpoint.safetensors"),
+                                  **common))
     assert grown["config"]["layers"] == 3 and "--grow-from" in grown["command"]
 
 

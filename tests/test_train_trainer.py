@@ -13,6 +13,7 @@ from dllm_decode.models import load_model
 from dllm_decode.tokenizer import load_tokenizer
 from dllm_decode.train.config import TrainConfig, parse_args
 from dllm_decode.train.data import TaskData, max_items_at
+from dllm_decode.train.state import load_state
 from dllm_decode.train.trainer import command_line, lr_at, train, train_tiny_main
 
 TINY = ["--hidden", "32", "--layers", "1", "--heads", "2", "--intermediate", "64",
@@ -92,8 +93,8 @@ def test_resume_continues_exactly(tmp_path, family: str) -> None:
     with pytest.raises(ValueError, match="other settings"):
         train_tiny_main([*flags, "--out", str(split), "--resume", "--lr", "0.5"])
     train_tiny_main([*flags, "--out", str(split), "--resume"])
-    a = torch.load(straight / "checkpoint.pt", weights_only=False)
-    b = torch.load(split / "checkpoint.pt", weights_only=False)
+    a = load_state(straight / "checkpoint.safetensors")
+    b = load_state(split / "checkpoint.safetensors")
     assert a["step"] == b["step"] == 4
     for name, tensor in a["model"].items():
         assert torch.equal(tensor, b["model"][name]), name
@@ -106,7 +107,7 @@ def test_run_directory_and_export(tmp_path) -> None:
     out = tmp_path / "run"
     summary = train(parse_args(["--family", "dream", "--steps", "3", "--out", str(out),
                                 "--export", str(tmp_path / "export"), *TINY]))
-    for name in ("checkpoint.pt", "loss.csv", "eval.csv", "run.json", "train_config.json"):
+    for name in ("checkpoint.safetensors", "loss.csv", "eval.csv", "run.json", "train_config.json"):
         assert (out / name).is_file(), name
     run = json.loads((out / "run.json").read_text())
     assert run["command"].startswith("dllm-decode train tiny --family dream")

@@ -27,6 +27,7 @@ import json
 import math
 import sys
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, Final
@@ -115,6 +116,13 @@ class DllmDecodeLM(LM):
             )
         self.doc_messages = str(doc_messages).lower() in ("1", "true", "yes")
         self.speed_log = Path(speed_log) if speed_log else None
+        # lm-eval's --trust_remote_code lands here too (it is meant for dataset scripts): the
+        # model and tokenizer above never run repository code, whatever it says
+        remote = str(knobs.pop("trust_remote_code", False)).lower() in ("1", "true", "yes")
+        if remote:
+            warnings.warn("trust_remote_code=True is ignored by the dllm_decode model: it loads "
+                          "safetensors with its own model code and the tokenizer with "
+                          "trust_remote_code=False (README: What runs code)", stacklevel=2)
         knobs = {k: _typed(v) for k, v in knobs.items() if k not in ("max_batch_size",)}
         self.knobs: dict[str, Any] = {"policy": "low_confidence", "cache": "none", **knobs}
         self.eos_ids = tuple(getattr(model, "eos_token_ids", ()) or (tokenizer.eos_token_id,))

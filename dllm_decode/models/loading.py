@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
+from dllm_decode.memory import check_fits
 from dllm_decode.models.base import DecoderLM, ModelSpec, to_checkpoint_name
 from dllm_decode.models.block import BlockDiffusionModel, sdar_config, sdar_spec
 from dllm_decode.models.dream import DreamModel, dream_config, dream_spec
@@ -51,7 +53,7 @@ from dllm_decode.models.placement import (
     resolve_device,
     resolve_dtype,
 )
-from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_names
+from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_index
 from dllm_decode.models.weights import check_finite as check_tensor_finite
 
 ASSETS = Path(__file__).parent / "assets"
@@ -120,6 +122,13 @@ def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
         raise CheckpointError(f"{where}: the number of attention heads must be >= 1") from None
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{where}: {err}") from None
+    for field, value in (("vocab size", spec.vocab_size), ("hidden size", spec.hidden_size),
+                         ("number of layers", spec.num_layers),
+                         ("number of key/value heads", spec.num_kv_heads),
+                         ("intermediate (MLP) size", spec.intermediate_size),
+                         ("max sequence length", spec.max_length)):
+        if value < 1:
+            raise CheckpointError(f"{where}: the {field} must be >= 1, got {value}")
     heads, hidden = spec.num_heads, spec.hidden_size
     explicit_hd = "head_dim" in config and spec.family != "llada"
     if heads < 1:
@@ -145,6 +154,30 @@ def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
     return spec
 
 
+def min_parameters(spec: ModelSpec) -> int:
+    """A lower bound of the parameter count ``spec`` implies (every family here has at least
+    an embedding ``V x d`` and per layer q / k / v / o projections and a 3-matrix MLP)."""
+    d, hd = spec.hidden_size, spec.head_dim
+    attention = 2 * d * spec.num_heads * hd + 2 * d * spec.num_kv_heads * hd
+    return spec.vocab_size * d + spec.num_layers * (attention + 3 * d * spec.intermediate_size)
+
+
+def check_config_fits(spec: ModelSpec, stored: int, where: Path | str) -> None:
+    """``CheckpointError`` when the config implies more than twice the parameters the weight
+    files hold (``stored`` values, from the headers): checked before any module is built, so
+    absurd sizes (vocabulary 10^12, 10^6 layers) fail here and not in an allocation. The
+    slack keeps the bound safe for families whose layers differ from the dense one assumed
+    by ``min_parameters``; a smaller mismatch is caught tensor by tensor after."""
+    need = min_parameters(spec)
+    if need > 2 * stored:
+        raise CheckpointError(
+            f"{where}: its sizes (vocab {spec.vocab_size}, hidden {spec.hidden_size}, "
+            f"{spec.num_layers} layers, {spec.num_heads} heads, intermediate "
+            f"{spec.intermediate_size}) need at least {need:,} parameters, but the weight files "
+            f"hold {stored:,} values: the config does not describe these weights (check its "
+            f"vocabulary, layer count and sizes)")
+
+
 def build_model(config: dict[str, Any], *, seed: int | None = 0,
                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                 init_std: float = 0.02) -> DecoderLM:
@@ -154,6 +187,9 @@ def build_model(config: dict[str, Any], *, seed: int | None = 0,
     """
     cls, _, _ = family_of(config)
     spec = parse_spec(config, "config")
+    elem = torch.empty((), dtype=dtype).element_size()
+    check_fits(min_parameters(spec) * max(4, elem), "cpu", "building this model's weights",
+               "the config's sizes (vocabulary, layers, hidden / intermediate) are too large")
     gen = torch.Generator().manual_seed(seed or 0)
     model = cls(spec)
     with torch.no_grad():
@@ -226,6 +262,9 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
     target = resolve_dtype(dtype, config)
     if device_map is not None and device is not None:
         raise ValueError("pass either device or device_map, not both")
+    index = tensor_index(directory)  # headers only: every check below precedes any data read
+    stored = sum(math.prod(shape) for _, shape in index.values())
+    check_config_fits(spec, stored, cfg_path)
     with torch.device("meta"):
         model = cls(spec)
     placement = infer_device_map(model, device_map, target) if device_map is not None else None
@@ -234,7 +273,7 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
         check_dtype_runs(target, d)
     expected = {to_checkpoint_name(cls.names, k): (k, tuple(v.shape))
                 for k, v in model.state_dict().items()}
-    names = tensor_names(directory)  # headers only: name checks before any data is read
+    names = {name: file for name, (file, _) in index.items()}
     hint = (f"; {cfg_path} declares model_type {config.get('model_type')!r}: is that the "
             "family these tensors were saved from?")
     unexpected = sorted(set(names) - set(expected))
@@ -245,13 +284,12 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
     if missing:
         raise CheckpointError(f"{directory}: missing tensor(s) for {spec.family}: {missing[:5]}"
                               + hint)
+    for name, (_, shape) in sorted(index.items()):
+        _shape_matches(directory, cfg_path, name, shape, expected[name][1])
     state: dict[str, torch.Tensor] = {}
     for name, t in iter_tensors(sorted(set(names.values())), dev):
         internal, shape = expected[name]
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(t.shape)}, "
-                                  f"{cfg_path.name} implies {shape} (check the head counts, "
-                                  f"head_dim and sizes in it)")
+        _shape_matches(directory, cfg_path, name, tuple(t.shape), shape)
         if check_finite:
             check_tensor_finite(t, name, directory)
         where = device_for(internal, placement) if placement else dev
@@ -260,6 +298,14 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
     model.load_state_dict(state, assign=True)
     model.eval()
     return dispatch(model, placement) if placement else model
+
+
+def _shape_matches(directory: Path, cfg_path: Path, name: str, shape: tuple[int, ...],
+                   want: tuple[int, ...]) -> None:
+    if shape != want:
+        raise CheckpointError(f"{directory}: tensor {name!r} has shape {shape}, "
+                              f"{cfg_path.name} implies {want} (check the head counts, "
+                              f"head_dim and sizes in it)")
 
 
 def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int | None = None,

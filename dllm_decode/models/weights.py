@@ -26,8 +26,17 @@ class CheckpointError(ValueError):
     """A checkpoint directory that does not match the architecture it declares."""
 
 
+#: largest JSON file read (config, index, generation config: kilobytes in real releases)
+MAX_JSON_BYTES = 64 * 2**20
+
+
 def read_json(path: Path) -> dict[str, Any]:
-    """A JSON object from ``path``; ``CheckpointError`` with the line and column if invalid."""
+    """A JSON object from ``path``; ``CheckpointError`` with the line and column if invalid,
+    or if the file is larger than ``MAX_JSON_BYTES`` (checked before it is read)."""
+    size = path.stat().st_size
+    if size > MAX_JSON_BYTES:
+        raise CheckpointError(f"{path}: {size:,} bytes is not a config or index file (at most "
+                              f"{MAX_JSON_BYTES:,} are read); is it the right file?")
     try:
         data = json.loads(path.read_text())
     except json.JSONDecodeError as err:
@@ -85,25 +94,32 @@ def open_safetensors(path: Path, device: str = "cpu") -> Iterator[Any]:
         yield f
 
 
-def tensor_names(directory: Path) -> dict[str, Path]:
-    """``{checkpoint tensor name: file}`` from the safetensors headers (no tensor data read).
+def tensor_index(directory: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
+    """``{checkpoint tensor name: (file, shape)}`` from the safetensors headers (no tensor
+    data read; safetensors itself rejects a header whose shapes disagree with its data
+    offsets or the file size).
 
     A sharded checkpoint must agree with its index: a tensor in a shard the index does not
     list there, or one the index lists that no shard holds, is a ``CheckpointError``.
     """
     mapping = weight_map(directory)
-    names: dict[str, Path] = {}
+    index: dict[str, tuple[Path, tuple[int, ...]]] = {}
     for file in weight_files(directory):
         with open_safetensors(file) as f:
             for name in f.keys():  # noqa: SIM118 - safe_open is not a mapping
                 if mapping is not None and mapping.get(name) != file.name:
                     raise CheckpointError(f"tensor {name!r} in {file.name} is not listed there "
                                           f"by {INDEX}")
-                names[name] = file
-    if mapping is not None and set(mapping) - set(names):
+                index[name] = (file, tuple(f.get_slice(name).get_shape()))
+    if mapping is not None and set(mapping) - set(index):
         raise CheckpointError(f"tensors listed in {INDEX} but absent: "
-                              f"{sorted(set(mapping) - set(names))[:5]}")
-    return names
+                              f"{sorted(set(mapping) - set(index))[:5]}")
+    return index
+
+
+def tensor_names(directory: Path) -> dict[str, Path]:
+    """``{checkpoint tensor name: file}`` (``tensor_index`` without the shapes)."""
+    return {name: file for name, (file, _) in tensor_index(directory).items()}
 
 
 def iter_tensors(files: list[Path], device: torch.device

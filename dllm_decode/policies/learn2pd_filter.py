@@ -183,8 +183,15 @@ def load_filter(path: str | Path, *, model: Any = None,
                                     f".safetensors) in {path}")
         path = path / names[0]
     card = FilterCard.from_json(path.with_suffix(".json").read_text())
+    weights = load_file(str(path.with_suffix(".safetensors")))  # sized by the file itself
+    k = card.block_length
+    want = {"inp.weight": (k, k), "inp.bias": (k,), "out.weight": (k, k), "out.bias": (k,)}
+    got = {name: tuple(t.shape) for name, t in weights.items()}
+    if got != want:  # checked before the card's sizes allocate anything
+        raise FilterMismatchError(f"{path}: the card's block_length {k} does not match the "
+                                  f"weights {got}; the filter files are corrupt or mixed up")
     module = L2PFilter(card.block_length, card.activation)
-    module.load_state_dict(load_file(str(path.with_suffix(".safetensors"))))
+    module.load_state_dict(weights)
     if block_length is not None and block_length != card.block_length:
         raise FilterMismatchError(f"block length {block_length} != the filter's "
                                   f"{card.block_length} ({path})")

@@ -8,6 +8,8 @@ import torch
 from torch import Tensor
 
 from dllm_decode.config import SamplerConfig
+from dllm_decode.memory import check_fits, decode_bytes, model_device
+from dllm_decode.types import CacheMode
 
 
 def check_inputs(model: Any, prompt_ids: Tensor | list, attention_mask: Tensor | None,
@@ -58,4 +60,9 @@ def check_inputs(model: Any, prompt_ids: Tensor | list, attention_mask: Tensor |
     if total > model.max_length:
         raise ValueError(f"prompt length {p} + gen_length {cfg.gen_length} = {total} exceeds "
                          f"the model's max length {model.max_length}")
+    cached = cfg.cache != CacheMode.NONE
+    fed = (cfg.block_length or cfg.gen_length) if cached else total
+    check_fits(decode_bytes(model, b, total, fed, cached), model_device(model, prompt.device),
+               f"decoding {b} row(s) of prompt {p} + gen_length {cfg.gen_length}",
+               "lower gen_length or the batch size (or use a device with more memory)")
     return prompt, valid

@@ -47,11 +47,12 @@ from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
 from dllm_decode.train.csvlog import append_row, truncate_rows
-from dllm_decode.train.distill_config import DistillConfig
+from dllm_decode.train.distill_config import DistillConfig, saved_config
 from dllm_decode.train.distill_objective import distill_loss
 from dllm_decode.train.ema import WeightAverage
 from dllm_decode.train.grow import grow_into
 from dllm_decode.train.onpolicy import onpolicy_rows
+from dllm_decode.train.state import LEGACY_FILE, STATE_FILE, load_state, save_state, state_path
 from dllm_decode.train.testbed import (
     TESTBED_GEN_LENGTH,
     draw_training_examples,
@@ -191,9 +192,10 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         torch.set_num_threads(cfg.threads)
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "checkpoint.pt"
-    if ckpt.exists() and not cfg.resume:
-        raise FileExistsError(f"{ckpt} exists: pass --resume to continue, or a new --out")
+    ckpt = out / STATE_FILE
+    for existing in (ckpt, out / LEGACY_FILE):
+        if existing.exists() and not cfg.resume:
+            raise FileExistsError(f"{existing} exists: pass --resume to continue, or a new --out")
     oracle = waiting_line_oracle()
     model = build_student(cfg, oracle)
     decay = [p for p in model.parameters() if p.dim() >= 2]
@@ -203,8 +205,8 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
                             betas=(0.9, 0.98))
     start, wall_before = 0, 0.0
     state: dict[str, Any] = {}
-    if cfg.resume and ckpt.exists():
-        state = torch.load(ckpt, weights_only=False)
+    if cfg.resume and state_path(out).exists():
+        state = load_state(ckpt)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start, wall_before = state["step"], state["wall_s"]
@@ -250,10 +252,10 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
             print(f"[testbed] {json.dumps(row)}", flush=True)
             window = []
         if done % cfg.ckpt_every == 0 or done == cfg.steps:
-            torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "step": done,
-                        "wall_s": wall, "config": dataclasses.asdict(cfg),
-                        "ema": None if ema is None else ema.state_dict(),
-                        "eval_schedule": EVEN_SPLIT}, ckpt)
+            save_state(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(),
+                              "step": done, "wall_s": wall, "config": dataclasses.asdict(cfg),
+                              "ema": None if ema is None else ema.state_dict(),
+                              "eval_schedule": EVEN_SPLIT})
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
             model.eval()
             with averaged(model):
@@ -296,9 +298,13 @@ def averaged_weights(state: dict[str, Any]) -> dict[str, Tensor]:
 
 
 def _grow_weights(cfg: DistillConfig) -> dict[str, Tensor]:
-    """The weights a ``grow_from`` run starts from: the checkpoint's last iterate, or with
-    ``grow_average`` its weight average over it."""
-    source = torch.load(cfg.grow_from, weights_only=False)
+    """The weights a ``grow_from`` run starts from: the training state's last iterate, or with
+    ``grow_average`` its weight average over it; or a model directory's (exported) weights."""
+    if not Path(cfg.grow_from).is_file():  # a model directory or bundled name
+        from dllm_decode.models.loading import load_model
+
+        return load_model(cfg.grow_from, dtype=torch.float32).state_dict()
+    source = load_state(cfg.grow_from)
     if not cfg.grow_average:
         return source["model"]
     if source.get("ema") is None:
@@ -309,24 +315,24 @@ def _grow_weights(cfg: DistillConfig) -> dict[str, Tensor]:
 
 def evaluated_student(state: dict[str, Any], oracle: WaitingLineOracle) -> DecoderLM:
     """The model a training checkpoint evaluates and exports (``averaged_weights``)."""
-    model = build_student(DistillConfig(**state["config"]), oracle)
+    model = build_student(saved_config(state["config"]), oracle)
     model.load_state_dict(averaged_weights(state))
     return model
 
 
 def export_weights(run_dir: str | Path, path: str | Path) -> None:
     """Save a run's evaluated weights (``evaluated_student``) in fp16, weights only
-    (``{model, step, wall_s, config}``): the file a bundled stage keeps, equal to the exported
-    model and loadable by ``--grow-from``."""
-    state = torch.load(Path(run_dir) / "checkpoint.pt", weights_only=False)
+    (``{model, step, wall_s, config}``, a ``train.state`` file): equal to the exported model
+    and loadable by ``--grow-from``."""
+    state = load_state(state_path(Path(run_dir)))
     model = evaluated_student(state, waiting_line_oracle())
-    torch.save({"model": {k: v.half() for k, v in model.state_dict().items()},
-                "step": state["step"], "wall_s": state["wall_s"], "config": state["config"]},
-               path)
+    save_state(path, {"model": {k: v.half() for k, v in model.state_dict().items()},
+                      "step": state["step"], "wall_s": state["wall_s"],
+                      "config": state["config"]})
 
 
 def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, Any]:
-    """Export a run's latest ``checkpoint.pt`` (finished or not) as a checkpoint directory,
+    """Export a run's latest ``checkpoint.safetensors`` (finished or not) as a checkpoint directory,
     and write ``run.json`` for it; returns that summary.
 
     ``eval_schedule`` (the schedule the run's logged held-out validity was measured on) comes
@@ -336,11 +342,11 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
     from dllm_decode.train.testbed_eval import export_testbed
 
     run_dir = Path(run_dir)
-    state = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    state = load_state(state_path(run_dir))
     previous = run_dir / "run.json"
     schedule = state.get("eval_schedule") or (
         json.loads(previous.read_text()).get("eval_schedule") if previous.exists() else None)
-    cfg, oracle = DistillConfig(**state["config"]), waiting_line_oracle()
+    cfg, oracle = saved_config(state["config"]), waiting_line_oracle()
     model = evaluated_student(state, oracle)
     export_testbed(untie(model).eval(), oracle, directory)
     return _write_run_summary(run_dir, cfg,

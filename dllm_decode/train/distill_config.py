@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from dllm_decode.train.state import is_pickle, legacy_error
 from dllm_decode.train.testbed import RANDOM_TASKS, TESTBED_TASKS
 
 
@@ -43,6 +44,8 @@ class DistillConfig:
     eval_size: int = 12
     ckpt_every: int = 250
     resume: bool = False
+    #: a training state (a run's ``checkpoint.safetensors``, or a file ``export_weights``
+    #: wrote), or a model directory / bundled name (its exported weights) to grow from
     grow_from: str = ""
     #: start a ``grow_from`` run from that checkpoint's weight average (its ``ema`` entry, the
     #: weights it evaluated and exported) instead of its last iterate
@@ -94,8 +97,8 @@ class DistillConfig:
         if not 0 < self.rank_margin <= 1:
             raise ValueError(f"rank_margin must lie in (0, 1], got {self.rank_margin}")
         parse_task_weights(self.task_weight)  # raises on a bad spec
-        if self.grow_from and not Path(self.grow_from).is_file():
-            raise ValueError(f"grow_from must be a run's checkpoint.pt, got {self.grow_from!r}")
+        if self.grow_from:
+            check_grow_source(self.grow_from, self.grow_average)
         if self.grow_average and not self.grow_from:
             raise ValueError("grow_average needs grow_from (the checkpoint whose average to use)")
 
@@ -124,3 +127,33 @@ def parse_task_weights(spec: str) -> dict[str, float]:
                              f"got {value!r}")
         out[task] = weight
     return out
+
+
+def saved_config(data: dict) -> DistillConfig:
+    """The config a training state recorded, as it was: its ``grow_from`` source is history
+    (it may be gone, or an old ``checkpoint.pt`` since converted), so it is not checked."""
+    source, average = data.get("grow_from", ""), data.get("grow_average", False)
+    cfg = DistillConfig(**{**data, "grow_from": "", "grow_average": False})
+    object.__setattr__(cfg, "grow_from", source)  # frozen: set past the validation
+    object.__setattr__(cfg, "grow_average", average)
+    return cfg
+
+
+def check_grow_source(source: str, average: bool) -> None:
+    """``ValueError`` unless ``source`` is a training state file, or (without ``average``) a
+    model directory or bundled model name; ``LegacyCheckpointError`` for a pickle file."""
+    from dllm_decode.models.loading import ASSETS
+
+    path = Path(source)
+    if path.is_file():
+        if is_pickle(path):
+            raise legacy_error(path)
+        return
+    model_dir = (path / "config.json").is_file() or (ASSETS / source / "config.json").is_file()
+    if not model_dir:
+        raise ValueError(f"grow_from must be a training state (a run's checkpoint.safetensors) "
+                         f"or a model directory / bundled model name, got {source!r}")
+    if average:
+        raise ValueError(f"grow_average: {source} is a model directory, whose weights are the "
+                         "exported ones (already the average of a run trained with --ema); "
+                         "drop --grow-average")

@@ -69,9 +69,9 @@ def task_prompts(model_dir: Path, n: int, seed: int = 0, tasks: Sequence[str] | 
     if not (model_dir / "tokenizer.json").is_file():
         raise ValueError(f"--task-generator needs a tokenizer.json in {model_dir}; "
                          "pass --prompts FILE instead")
-    from transformers import AutoTokenizer
+    from dllm_decode.tokenizer import load_tokenizer
 
-    codec = TokenizerCodec(AutoTokenizer.from_pretrained(str(model_dir)))
+    codec = TokenizerCodec(load_tokenizer(model_dir))
     return _round_robin(
         list(tasks or TASKS), n, codec.encode,
         lambda t, per: generate_task(t, per, split_seed(t, "train") + seed, split="train",

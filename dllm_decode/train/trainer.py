@@ -2,7 +2,8 @@
 
 Run directory (``--out``):
 
-* ``checkpoint.pt``: model + optimizer state, step, RNG states, elapsed wall time, config;
+* ``checkpoint.safetensors``: model + optimizer state, step, RNG states, elapsed wall time,
+  config (``train.state``: safetensors + JSON, never a pickle);
 * ``loss.csv``: step, loss, per-token accuracy (all masked / answer text only), lr, list length;
 * ``eval.csv``: held-out (validation split) accuracy with the whole answer masked, and exact
   match of one-token-per-step decoding with the library's ``DiffusionSampler``, per task;
@@ -17,7 +18,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import platform
 import random
 import shlex
@@ -35,6 +35,7 @@ from dllm_decode.train.csvlog import append_row, truncate_rows
 from dllm_decode.train.data import TaskData, max_items_at
 from dllm_decode.train.evaluate import evaluate, export_model
 from dllm_decode.train.objectives import diffusion_loss, warmup_loss
+from dllm_decode.train.state import LEGACY_FILE, STATE_FILE, load_state, save_state, state_path
 
 LOSS_COLUMNS = ("step", "loss", "acc", "acc_content", "lr", "max_items", "wall_s")
 #: config fields that may change when resuming (everything else must match the checkpoint)
@@ -90,16 +91,14 @@ def save_checkpoint(path: Path, model: DecoderLM, opt: torch.optim.Optimizer, st
         "config": cfg.to_dict(), "wall_s": wall_s, "window": window,
         "rng": {"torch": torch.get_rng_state(), "python": random.getstate()},
     }
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    save_state(path, state)
 
 
 def _load_checkpoint(path: Path, cfg: TrainConfig, model: DecoderLM,
                      opt: torch.optim.Optimizer) -> dict[str, Any]:
     if not path.exists():
         raise FileNotFoundError(f"--resume: no checkpoint at {path}")
-    state = torch.load(path, map_location="cpu", weights_only=False)
+    state = load_state(path)
     saved = state["config"]
     diff = sorted(k for k in TrainConfig.field_names()
                   if k not in RESUMABLE_CHANGES and saved.get(k) != getattr(cfg, k))
@@ -135,9 +134,10 @@ def train(cfg: TrainConfig, argv: Sequence[str] | None = None) -> dict[str, Any]
 def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
-    ckpt = out / "checkpoint.pt"
-    if ckpt.exists() and not cfg.resume:
-        raise FileExistsError(f"{ckpt} exists: pass --resume to continue, or a new --out")
+    ckpt = out / STATE_FILE
+    for existing in (ckpt, out / LEGACY_FILE):
+        if existing.exists() and not cfg.resume:
+            raise FileExistsError(f"{existing} exists: pass --resume to continue, or a new --out")
     tok = load_tokenizer(cfg.tokenizer or None)
     data = TaskData(tok, cfg.task_list, cfg.gen_length, cfg.icl_examples)
     warm_data = TaskData(tok, ["waiting_line/copy"], cfg.gen_length, cfg.icl_examples)
@@ -146,7 +146,7 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
     opt = make_optimizer(model, cfg)
     start, wall_before, window = 0, 0.0, _new_window()
     if cfg.resume:
-        state = _load_checkpoint(ckpt, cfg, model, opt)
+        state = _load_checkpoint(state_path(out), cfg, model, opt)
         start, wall_before, window = state["step"], state["wall_s"], state["window"]
         truncate_rows(out / "loss.csv", start)
         truncate_rows(out / "eval.csv", start)
