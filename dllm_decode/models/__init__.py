@@ -5,6 +5,7 @@ from dllm_decode.models.block import BlockDiffusionModel
 from dllm_decode.models.dream import DreamModel
 from dllm_decode.models.hub import HubError
 from dllm_decode.models.llada import LLaDAModel
+from dllm_decode.models.llada2 import LLaDA2MoEModel
 from dllm_decode.models.loading import (
     CheckpointError,
     build_model,
@@ -16,6 +17,6 @@ from dllm_decode.models.loading import (
 
 __all__ = [
     "BlockDiffusionModel", "CheckpointError", "DecoderLM", "DiffusionLM", "DreamModel", "HubError",
-    "LLaDAModel", "ModelSpec", "build_model", "bundled_models", "load_model",
+    "LLaDA2MoEModel", "LLaDAModel", "ModelSpec", "build_model", "bundled_models", "load_model",
     "register_auto_config", "save_model",
 ]
