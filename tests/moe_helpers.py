@@ -30,6 +30,12 @@ def tiny_moe_config(family: str, **overrides: Any) -> dict[str, Any]:
             "rope_theta": 600000.0, "use_qk_norm": True, "use_qkv_bias": False,
             "use_bias": False, "score_function": "sigmoid", "block_size": 4,
         }
+    elif family == "fastdllm2":
+        cfg = common | {
+            "architectures": ["Fast_dLLM_QwenForCausalLM"], "model_type": "Fast_dLLM_Qwen",
+            "intermediate_size": 64, "bd_size": 4, "rope_theta": 1e6,
+            "num_hidden_layers": 2, "use_sliding_window": False,
+        }
     else:
         raise ValueError(family)
     cfg.update(overrides)

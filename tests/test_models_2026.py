@@ -24,8 +24,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 #: fixture directory -> (architecture class name, expected attention)
 FIXTURES = {
     "llada2-tiny": ("LLaDA2MoEModel", "block_causal"),
+    "fastdllm2-tiny": ("FastDLLMv2Model", "block_causal"),
 }
-TINY = ["llada2"]
+TINY = ["llada2", "fastdllm2"]
 
 
 def _fixture(name: str):
@@ -55,7 +56,8 @@ def test_conformance_logits(name: str, impl: str) -> None:
         ids = torch.tensor([inp["input_ids"]])
         pos = torch.tensor([inp["positions"]])
         view = _fixture_view(model, inp, ids.shape[1])
-        view.moe_impl = impl
+        if hasattr(view, "moe_impl"):
+            view.moe_impl = impl
         with torch.no_grad():
             out = view(ids, pos)[0]
         ref = torch.tensor(inp["logits"])
@@ -73,8 +75,8 @@ def _tiny(family: str, seed: int = 3, **overrides):
 
 def _incremental_logits(model, tokens: torch.Tensor, block: int) -> torch.Tensor:
     """Block by block through a ``BlockKVCache``: each block is fed once, writes its K/V and
-    attends to every earlier block's cached K/V (and, bidirectional models, to nothing later:
-    the first ``end`` keys)."""
+    attends to every earlier block's cached K/V (keys ``< end``). A shifted model's first row
+    of each block then holds its own raw row (its left neighbour was not fed)."""
     b, length = tokens.shape
     cache = model.new_cache(b, length)
     keys = torch.arange(length)
@@ -96,7 +98,10 @@ def test_block_causal_cache_equals_full_recomputation(family: str) -> None:
     with torch.no_grad():
         full = model(tokens, pos)
         cached = _incremental_logits(model, tokens, model.block_size)
-    assert (full - cached).abs().max().item() < 1e-5
+    rows = torch.arange(13)
+    if model.logit_shift:
+        rows = rows[rows % model.block_size != 0]
+    assert (full[:, rows] - cached[:, rows]).abs().max().item() < 1e-5
 
 
 @pytest.mark.parametrize("name", [n for n, (_, att) in FIXTURES.items()
@@ -115,7 +120,7 @@ def test_cached_decoding_is_token_identical(name: str) -> None:
 
 
 @pytest.mark.parametrize("family", TINY)
-def test_save_load_round_trip_with_per_expert_tensors(tmp_path, family: str) -> None:
+def test_save_load_round_trip(tmp_path, family: str) -> None:
     model = _tiny(family)
     save_model(model, tmp_path / "m", max_shard_bytes=30_000)
     again = load_model(tmp_path / "m")
@@ -126,8 +131,9 @@ def test_save_load_round_trip_with_per_expert_tensors(tmp_path, family: str) -> 
     names = set()
     for f in (tmp_path / "m").glob("*.safetensors"):
         names |= set(load_file(str(f)))
-    assert "model.layers.1.mlp.experts.7.down_proj.weight" in names
-    assert not any(n.endswith("experts.gate_proj") for n in names)
+    if family != "fastdllm2":
+        assert "model.layers.1.mlp.experts.7.down_proj.weight" in names
+        assert not any(n.endswith("experts.gate_proj") for n in names)
     cfg = json.loads((tmp_path / "m" / "config.json").read_text())
     assert family_key(cfg) == model.spec.family
 

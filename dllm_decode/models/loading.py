@@ -36,6 +36,7 @@ from safetensors.torch import save_file
 from dllm_decode.models.base import DecoderLM, ModelSpec, to_checkpoint_name
 from dllm_decode.models.block import BlockDiffusionModel, sdar_config, sdar_spec
 from dllm_decode.models.dream import DreamModel, dream_config, dream_spec
+from dllm_decode.models.fastdllm2 import FastDLLMv2Model, fastdllm2_config, fastdllm2_spec
 from dllm_decode.models.hub import (
     MODEL_PATTERNS,
     check_model_snapshot,
@@ -64,15 +65,17 @@ FAMILIES: dict[str, tuple[type[DecoderLM], Callable[[dict], ModelSpec], Callable
     "dream": (DreamModel, dream_spec, dream_config),
     "sdar": (BlockDiffusionModel, sdar_spec, sdar_config),
     "llada2_moe": (LLaDA2MoEModel, llada2_spec, llada2_config),
+    "fast_dllm_qwen": (FastDLLMv2Model, fastdllm2_spec, fastdllm2_config),
 }
 #: ``architectures[0]`` -> ``FAMILIES`` key, read before ``model_type`` (LLaDA-MoE's released
 #: config says ``model_type: "llada"`` like dense LLaDA; only its architecture tells them apart)
 ARCHITECTURES: dict[str, str] = {
     "LLaDA2MoeModelLM": "llada2_moe",
+    "Fast_dLLM_QwenForCausalLM": "fast_dllm_qwen",
 }
 #: families whose released config.json lacks the mask id: ``generation_config.json``'s
 #: ``mask_token_id`` is read too (before the family's released default)
-GENERATION_IDS = frozenset({"llada2_moe"})
+GENERATION_IDS = frozenset({"llada2_moe", "fast_dllm_qwen"})
 
 
 def bundled_models() -> list[str]:
@@ -196,8 +199,7 @@ def family_of(config: dict[str, Any], where: Path | str = "config"
     if mt not in FAMILIES:
         raise CheckpointError(
             f"{where}: unknown model_type {config.get('model_type')!r}; supported: "
-            f"{sorted(FAMILIES)} (LLaDA 'llada', Dream 'Dream', SDAR-style 'sdar', LLaDA2 "
-            f"'llada2_moe'); architectures {sorted(ARCHITECTURES)} are recognised by name"
+            f"{sorted(FAMILIES)}, or architectures {sorted(ARCHITECTURES)}"
         )
     return FAMILIES[mt]
 
@@ -366,7 +368,7 @@ def register_auto_config() -> None:
     """Register the families' config classes with ``transformers.AutoConfig``."""
     from transformers import AutoConfig, PretrainedConfig
 
-    for model_type in ("llada", "Dream", "sdar"):
+    for model_type in ("llada", "Dream", "sdar", "llada2_moe", "Fast_dLLM_Qwen"):
         name = re.sub(r"\W", "", model_type.capitalize()) + "DecodeConfig"
         cls = type(name, (PretrainedConfig,), {"model_type": model_type})
         try:
