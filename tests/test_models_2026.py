@@ -16,17 +16,23 @@ from dllm_decode import DiffusionSampler
 from dllm_decode.models import build_model, load_model, save_model
 from dllm_decode.models.loading import family_key
 from tests.conformance import CONFORMANCE, require_shared
-from tests.helpers import lay_out_cache
+from tests.helpers import lay_out_cache, tiny_config
 from tests.moe_helpers import MASK, fixture_mask_id, randomize_buffers, tiny_moe_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    torch.manual_seed(0)  # the random token ids below
 
 #: fixture directory -> (architecture class name, expected attention)
 FIXTURES = {
     "llada2-tiny": ("LLaDA2MoEModel", "block_causal"),
     "fastdllm2-tiny": ("FastDLLMv2Model", "block_causal"),
+    "llada-moe-tiny": ("LLaDAMoEModel", "bidirectional"),
 }
-TINY = ["llada2", "fastdllm2"]
+TINY = ["llada2", "fastdllm2", "lladamoe"]
 
 
 def _fixture(name: str):
@@ -91,6 +97,7 @@ def _incremental_logits(model, tokens: torch.Tensor, block: int) -> torch.Tensor
 
 @pytest.mark.parametrize("family", [f for f in TINY if f != "lladamoe"])
 def test_block_causal_cache_equals_full_recomputation(family: str) -> None:
+    """Exact: a block's K/V never change once the block is complete."""
     model = _tiny(family)
     assert model.attention == "block_causal"
     tokens = torch.randint(0, 60, (2, 13))
@@ -101,22 +108,50 @@ def test_block_causal_cache_equals_full_recomputation(family: str) -> None:
     rows = torch.arange(13)
     if model.logit_shift:
         rows = rows[rows % model.block_size != 0]
-    assert (full[:, rows] - cached[:, rows]).abs().max().item() < 1e-5
+    # fp32 rounding only (other summation orders; logits up to ~30 with these weights)
+    assert (full[:, rows] - cached[:, rows]).abs().max().item() < 1e-4
 
 
-@pytest.mark.parametrize("name", [n for n, (_, att) in FIXTURES.items()
-                                  if att == "block_causal"])
+@pytest.mark.parametrize("family", ["lladamoe"])
+def test_bidirectional_cache_after_a_refresh_equals_full_recomputation(family: str) -> None:
+    """A full forward that stores K/V, then a block fed alone against the cache (dual-cache
+    style, rewriting its own K/V): both equal the uncached forward."""
+    model = _tiny(family)
+    assert model.attention == "bidirectional" and model.block_size is None
+    tokens = torch.randint(0, 60, (2, 13))
+    pos = torch.arange(13).expand(2, -1)
+    cache = model.new_cache(2, 13)
+    with torch.no_grad():
+        full = model(tokens, pos)
+        refreshed = model(tokens, pos, cache=cache, slots=pos)
+        block = model(tokens[:, 4:8], pos[:, 4:8], cache=cache, slots=pos[:, 4:8])
+    assert (full - refreshed).abs().max().item() < 1e-4
+    assert (full[:, 4:8] - block).abs().max().item() < 1e-4
+
+
+def test_llada_moe_dispatches_on_architectures() -> None:
+    moe_cfg = tiny_moe_config("lladamoe")
+    assert moe_cfg["model_type"] == "llada"
+    assert type(build_model(moe_cfg)).__name__ == "LLaDAMoEModel"
+    dense = {k: v for k, v in tiny_config("llada").items()}
+    assert type(build_model(dense)).__name__ == "LLaDAModel"
+    assert type(build_model(dense | {"architectures": ["LLaDAModelLM"]})).__name__ == \
+        "LLaDAModel"
+
+
+@pytest.mark.parametrize("name", FIXTURES)
 def test_cached_decoding_is_token_identical(name: str) -> None:
-    """The sampler's exact block-causal cache gives the tokens of uncached decoding."""
+    """The sampler's exact cache (block-causal; bidirectional: dual refreshed every step)
+    gives the tokens of uncached decoding."""
     _, model = _fixture(name)
-    model = model.with_block_size(8)
+    cached: dict = {"cache": "dual", "refresh_every": 1}
+    if model.attention == "block_causal":
+        model, cached = model.with_block_size(8), {"cache": "block_causal"}
     prompt = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(0))
-    runs = {}
-    for cache in ("none", "block_causal"):
-        runs[cache] = DiffusionSampler(model, "low_confidence", cache=cache, gen_length=16,
-                                       block_length=8, steps=8).generate(prompt)
-    assert torch.equal(runs["none"].tokens, runs["block_causal"].tokens)
-    assert (runs["none"].answer != model.mask_token_id).all()
+    runs = [DiffusionSampler(model, "low_confidence", gen_length=16, block_length=8, steps=8,
+                             **kw).generate(prompt) for kw in ({"cache": "none"}, cached)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert (runs[0].answer != model.mask_token_id).all()
 
 
 @pytest.mark.parametrize("family", TINY)

@@ -45,6 +45,7 @@ from dllm_decode.models.hub import (
 )
 from dllm_decode.models.llada import LLaDAModel, llada_config, llada_spec
 from dllm_decode.models.llada2 import LLaDA2MoEModel, llada2_config, llada2_spec
+from dllm_decode.models.llada_moe import LLaDAMoEModel, llada_moe_config, llada_moe_spec
 from dllm_decode.models.moe_decoder import MoEDecoderLM
 from dllm_decode.models.placement import (
     check_dtype_runs,
@@ -66,16 +67,19 @@ FAMILIES: dict[str, tuple[type[DecoderLM], Callable[[dict], ModelSpec], Callable
     "sdar": (BlockDiffusionModel, sdar_spec, sdar_config),
     "llada2_moe": (LLaDA2MoEModel, llada2_spec, llada2_config),
     "fast_dllm_qwen": (FastDLLMv2Model, fastdllm2_spec, fastdllm2_config),
+    "lladamoe": (LLaDAMoEModel, llada_moe_spec, llada_moe_config),
 }
 #: ``architectures[0]`` -> ``FAMILIES`` key, read before ``model_type`` (LLaDA-MoE's released
 #: config says ``model_type: "llada"`` like dense LLaDA; only its architecture tells them apart)
 ARCHITECTURES: dict[str, str] = {
     "LLaDA2MoeModelLM": "llada2_moe",
     "Fast_dLLM_QwenForCausalLM": "fast_dllm_qwen",
+    "LLaDAMoEModelLM": "lladamoe",
+    "LLaDAMoEModel": "lladamoe",
 }
 #: families whose released config.json lacks the mask id: ``generation_config.json``'s
 #: ``mask_token_id`` is read too (before the family's released default)
-GENERATION_IDS = frozenset({"llada2_moe", "fast_dllm_qwen"})
+GENERATION_IDS = frozenset({"llada2_moe", "fast_dllm_qwen", "lladamoe"})
 
 
 def bundled_models() -> list[str]:

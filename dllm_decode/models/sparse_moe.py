@@ -1,8 +1,9 @@
 """Mixture-of-experts feed-forward blocks: routers, a readable per-expert reference and a
 grouped path.
 
-Three router conventions are implemented, each as its reference does it (router logits in
-fp32 from the fp32-cast hidden state and gate weight):
+Three router conventions are implemented, each as its reference does it (router logits from
+the fp32-cast hidden state and gate weight, or in the model dtype for Qwen3-MoE; scores in
+fp32):
 
 * ``sigmoid`` with group-limited top-k (LLaDA2 / Ling-2.0 ``BailingMoeV2``, after
   DeepSeek-V3): scores ``sigmoid(logits)``; ``expert_bias`` is added **for selection only**;
@@ -53,6 +54,9 @@ class MoESpec:
     topk_group: int = 1
     expert_bias: bool = False
     shared_intermediate_size: int | None = None
+    #: router logits from the fp32-cast input and gate weight (LLaDA2, LLaDA-MoE); False: in
+    #: the model's dtype, then scored in fp32 (Qwen3-MoE / SDAR-MoE)
+    fp32_logits: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -190,7 +194,10 @@ class Router(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x ``[T, H]`` -> (ids ``[T, k]``, fp32 weights ``[T, k]``); logits in fp32."""
-        logits = F.linear(x.float(), self.weight.float())
+        if self.spec.fp32_logits:
+            logits = F.linear(x.float(), self.weight.float())
+        else:
+            logits = F.linear(x, self.weight)
         return route(logits, self.spec, self.expert_bias)
 
 
