@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from dllm_decode import DiffusionSampler
 from dllm_decode.models import build_model, load_model, save_model
 from dllm_decode.models.loading import family_key
-from tests.conformance import CONFORMANCE, require_shared
+from tests.conformance import CONFORMANCE, llada_settings, load_cases, require_shared, tensors
 from tests.helpers import lay_out_cache, tiny_config
 from tests.moe_helpers import MASK, fixture_mask_id, randomize_buffers, tiny_moe_config
 
@@ -33,6 +33,7 @@ FIXTURES = {
     "llada-moe-tiny": ("LLaDAMoEModel", "bidirectional"),
 }
 TINY = ["llada2", "fastdllm2", "lladamoe"]
+LLADA_MOE_CASES = load_cases("llada-moe-tiny")
 
 
 def _fixture(name: str):
@@ -242,3 +243,15 @@ def test_loads_by_hub_id_from_the_cache(tmp_path: Path, offline: Path, family: s
     mapped = load_model(repo, device_map="sequential")
     with torch.no_grad():
         assert torch.equal(mapped(tokens, pos), model(tokens, pos))
+
+
+@pytest.mark.parametrize("case", LLADA_MOE_CASES, ids=[c["name"] for c in LLADA_MOE_CASES])
+def test_llada_moe_case(case: dict) -> None:
+    """LLaDA-MoE's cases ran ML-GSAI/LLaDA's ``generate``: the LLaDA mapping reproduces them
+    token for token, NFE included (these newer cases carry their settings in ``args`` only)."""
+    _, model = _fixture("llada-moe-tiny")
+    policy, params = llada_settings(dict(case, settings={}), model)
+    prompt, mask = tensors(case)
+    out = DiffusionSampler(model, policy, debug=True, **params).generate(prompt, mask)
+    assert torch.equal(out.tokens, torch.tensor(case["output_ids"])), case["name"]
+    assert out.forwards == case["nfe"], case["name"]
