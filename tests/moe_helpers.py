@@ -46,6 +46,14 @@ def tiny_moe_config(family: str, **overrides: Any) -> dict[str, Any]:
             "shared_expert_intermediate_size": None, "num_key_value_heads": 4,
         }
         del cfg["head_dim"]
+    elif family == "sdarmoe":
+        cfg = common | {
+            "architectures": ["SDARMoeForCausalLM"], "model_type": "sdar_moe",
+            "intermediate_size": 64, "moe_intermediate_size": 16, "num_experts": 8,
+            "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0],
+            "norm_topk_prob": True, "block_size": 4, "rope_theta": 1e6,
+            "attention_bias": False,
+        }
     else:
         raise ValueError(family)
     cfg.update(overrides)

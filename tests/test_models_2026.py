@@ -32,7 +32,7 @@ FIXTURES = {
     "fastdllm2-tiny": ("FastDLLMv2Model", "block_causal"),
     "llada-moe-tiny": ("LLaDAMoEModel", "bidirectional"),
 }
-TINY = ["llada2", "fastdllm2", "lladamoe"]
+TINY = ["llada2", "fastdllm2", "lladamoe", "sdarmoe"]
 LLADA_MOE_CASES = load_cases("llada-moe-tiny")
 
 
@@ -128,6 +128,33 @@ def test_bidirectional_cache_after_a_refresh_equals_full_recomputation(family: s
         block = model(tokens[:, 4:8], pos[:, 4:8], cache=cache, slots=pos[:, 4:8])
     assert (full - refreshed).abs().max().item() < 1e-4
     assert (full[:, 4:8] - block).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("impl", ["grouped", "reference"])
+def test_sdar_moe_matches_transformers_qwen3_moe(tmp_path, impl: str) -> None:
+    """SDAR-MoE has no recorded fixture: its checkpoint, loaded by transformers' own
+    Qwen3-MoE (per-expert tensors, its loader's names) and run with SDAR's block-causal mask
+    as an additive 4-D mask, gives our logits (the spec: SDAR = Qwen3-MoE + block-causal)."""
+    qwen3 = pytest.importorskip("transformers").Qwen3MoeForCausalLM
+    model = _tiny("sdarmoe")
+    model.moe_impl = impl
+    out = save_model(model, tmp_path / "m")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
+               torch_dtype="float32")
+    (out / "config.json").write_text(json.dumps(cfg))
+    ref, info = qwen3.from_pretrained(out, output_loading_info=True,
+                                      attn_implementation="eager")
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    tokens = torch.randint(0, 60, (2, 13))
+    pos = torch.arange(13).expand(2, -1)
+    allowed = (pos[:, None, :] // 4) <= (pos[:, :, None] // 4)
+    additive = torch.zeros(2, 1, 13, 13).masked_fill(~allowed[:, None], float("-inf"))
+    with torch.no_grad():
+        want = ref.eval()(input_ids=tokens, position_ids=pos, attention_mask=additive).logits
+        got = model(tokens, pos)
+    assert (want - got).abs().max().item() < 1e-4
+    assert model.layers[0].mlp.__class__.__name__ == "DenseMLP"  # mlp_only_layers
 
 
 def test_llada_moe_dispatches_on_architectures() -> None:
@@ -255,3 +282,33 @@ def test_llada_moe_case(case: dict) -> None:
     out = DiffusionSampler(model, policy, debug=True, **params).generate(prompt, mask)
     assert torch.equal(out.tokens, torch.tensor(case["output_ids"])), case["name"]
     assert out.forwards == case["nfe"], case["name"]
+
+
+@pytest.mark.parametrize("family", ["llada2", "lladamoe", "sdarmoe"])
+def test_grouped_experts_equal_the_per_expert_loop_in_the_model(family: str) -> None:
+    model = _tiny(family)
+    tokens = torch.randint(0, 60, (2, 13))
+    pos = torch.arange(13).expand(2, -1)
+    with torch.no_grad():
+        model.moe_impl = "reference"
+        want = model(tokens, pos)
+        model.moe_impl = "grouped"
+        got = model(tokens, pos)
+    assert (want - got).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_cached_decoding_of_built_models(family: str) -> None:
+    """Block-causal families: cache="block_causal" is exact; bidirectional: dual cache
+    refreshed every step. Tokens equal uncached decoding, no mask is left."""
+    model = _tiny(family)
+    cached: dict = {"cache": "dual", "refresh_every": 1}
+    block = 4
+    if model.attention == "block_causal":
+        cached, block = {"cache": "block_causal"}, model.block_size
+    prompt = torch.randint(0, 60, (2, 7))
+    runs = [DiffusionSampler(model, "low_confidence", gen_length=12, block_length=block,
+                             steps=12, **kw).generate(prompt)
+            for kw in ({"cache": "none"}, cached)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert (runs[0].answer != MASK).all()

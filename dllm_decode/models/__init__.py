@@ -16,9 +16,11 @@ from dllm_decode.models.loading import (
     register_auto_config,
     save_model,
 )
+from dllm_decode.models.sdar_moe import SDARMoEModel
 
 __all__ = [
     "BlockDiffusionModel", "CheckpointError", "DecoderLM", "DiffusionLM", "DreamModel",
     "FastDLLMv2Model", "HubError", "LLaDA2MoEModel", "LLaDAMoEModel", "LLaDAModel", "ModelSpec",
-    "build_model", "bundled_models", "load_model", "register_auto_config", "save_model",
+    "SDARMoEModel", "build_model", "bundled_models", "load_model", "register_auto_config",
+    "save_model",
 ]
