@@ -30,6 +30,7 @@ rounding (``tests/test_moe.py``: atol 1e-5 in fp32).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -144,8 +145,10 @@ class Experts(nn.Module):
         token = order // k
         h = x.index_select(0, token)  # [A, H]
         if _grouped_mm_ok(x, self.gate_proj):
-            counts = torch.bincount(flat, minlength=self.gate_proj.shape[0])
-            offs = counts.cumsum(0).to(torch.int32)
+            # per-expert counts without bincount (which syncs on CUDA to size its output)
+            counts = torch.zeros(self.gate_proj.shape[0], dtype=torch.int32, device=x.device)
+            counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+            offs = counts.cumsum(0, dtype=torch.int32)
             gate = torch._grouped_mm(h, self.gate_proj.transpose(1, 2), offs=offs)
             up = torch._grouped_mm(h, self.up_proj.transpose(1, 2), offs=offs)
             y = torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
@@ -175,8 +178,13 @@ def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
     if any(s * x.element_size() % 16 for s in w.shape[1:]):
         return False
     if x.device.type == "cuda":
-        return x.dtype is torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
+        return x.dtype is torch.bfloat16 and _sm_major(x.device.index) >= 9
     return x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def _sm_major(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 class Router(nn.Module):
