@@ -17,7 +17,7 @@ from dllm_decode.models import build_model, load_model, save_model
 from dllm_decode.models.loading import family_key
 from tests.conformance import CONFORMANCE, llada_settings, load_cases, require_shared, tensors
 from tests.helpers import lay_out_cache, tiny_config
-from tests.moe_helpers import MASK, fixture_mask_id, randomize_buffers, tiny_moe_config
+from tests.moe_helpers import EOS, MASK, fixture_mask_id, randomize_buffers, tiny_moe_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -312,3 +312,16 @@ def test_cached_decoding_of_built_models(family: str) -> None:
             for kw in ({"cache": "none"}, cached)]
     assert torch.equal(runs[0].tokens, runs[1].tokens)
     assert (runs[0].answer != MASK).all()
+
+
+def test_lm_eval_adapter_defaults_to_the_models_block_size() -> None:
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed")
+    from types import SimpleNamespace
+
+    from dllm_decode.eval.lm_eval import DllmDecodeLM
+
+    model = _tiny("llada2")
+    lm = DllmDecodeLM(model=model, tokenizer=SimpleNamespace(eos_token_id=EOS), device="cpu")
+    _, generate = lm.decode_settings({"max_gen_toks": 10})
+    assert generate["block_length"] == model.block_size == 4 and generate["gen_length"] == 12
+    assert lm.eos_ids == model.eos_token_ids
