@@ -325,3 +325,24 @@ def test_lm_eval_adapter_defaults_to_the_models_block_size() -> None:
     _, generate = lm.decode_settings({"max_gen_toks": 10})
     assert generate["block_length"] == model.block_size == 4 and generate["gen_length"] == 12
     assert lm.eos_ids == model.eos_token_ids
+
+
+@pytest.mark.parametrize("overrides", [
+    {"use_qkv_bias": True, "use_bias": True, "num_shared_experts": None},
+    {"n_group": 1, "topk_group": 1, "num_experts_per_tok": 1, "first_k_dense_replace": 0},
+    {"partial_rotary_factor": 1.0, "num_key_value_heads": 0, "num_shared_experts": 2},
+], ids=["biases_no_shared", "one_group_top1_all_moe", "full_rope_mha_two_shared"])
+def test_llada2_config_variants_round_trip(tmp_path, overrides: dict) -> None:
+    """Other released switches: q/k/v and output biases, no or two shared experts, plain top-k,
+    every layer sparse, full RoPE, ``num_key_value_heads == 0`` (= heads, as LLaDA2.1's config
+    class maps it)."""
+    model = _tiny("llada2", **overrides)
+    save_model(model, tmp_path / "m")
+    again = load_model(tmp_path / "m")
+    tokens = torch.randint(0, 60, (1, 10))
+    pos = torch.arange(10)[None]
+    with torch.no_grad():
+        want = model(tokens, pos)
+        assert torch.equal(want, again(tokens, pos))
+        again.moe_impl = "reference"
+        assert (want - again(tokens, pos)).abs().max().item() < 1e-4
