@@ -346,3 +346,37 @@ def test_llada2_config_variants_round_trip(tmp_path, overrides: dict) -> None:
         assert torch.equal(want, again(tokens, pos))
         again.moe_impl = "reference"
         assert (want - again(tokens, pos)).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_generate_text_with_a_real_tokenizer(family: str) -> None:
+    """Text in, text out through the bundled tokenizer (its ids: mask 2, EOS 1); block-causal
+    families decode in their own block size by default."""
+    from dllm_decode import generate_text, load_tokenizer
+
+    tok = load_tokenizer()
+    model = _tiny(family, vocab_size=len(tok), mask_token_id=2, eos_token_id=1, pad_token_id=1)
+    sampler = DiffusionSampler(model, "low_confidence", gen_length=8, steps=8)
+    out = generate_text(sampler, tok, ["Maya Doyle", "the cat"], chat=False)
+    assert len(out.texts) == 2 and all(isinstance(t, str) for t in out.texts)
+    assert 1 in out.stop_token_ids and (out.generation.answer != 2).all()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixture_checkpoint_loads_by_hub_id(tmp_path: Path, offline: Path, name: str) -> None:
+    """The released-format fixture files as a Hub cache entry, with the mask id in
+    ``generation_config.json`` (where a config without it is completed from)."""
+    import shutil
+
+    directory, model = _fixture(name)
+    src = shutil.copytree(directory, tmp_path / "src")
+    (src / "generation_config.json").write_text(json.dumps(
+        {"mask_token_id": fixture_mask_id(name)}))
+    repo = f"test-org/{name}"
+    lay_out_cache(offline, repo, src)
+    hub = load_model(repo)
+    assert hub.mask_token_id == model.mask_token_id and type(hub) is type(model)
+    tokens = torch.randint(0, 300, (1, 12))
+    pos = torch.arange(12)[None]
+    with torch.no_grad():
+        assert torch.equal(hub(tokens, pos), model(tokens, pos))
