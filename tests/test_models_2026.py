@@ -380,3 +380,16 @@ def test_fixture_checkpoint_loads_by_hub_id(tmp_path: Path, offline: Path, name:
     pos = torch.arange(12)[None]
     with torch.no_grad():
         assert torch.equal(hub(tokens, pos), model(tokens, pos))
+
+
+def test_fastdllm2_tied_embeddings(tmp_path) -> None:
+    model = _tiny("fastdllm2", tie_word_embeddings=True)
+    assert model.head.weight is model.embed.weight
+    save_model(model, tmp_path / "m")
+    assert "lm_head.weight" not in load_file(str(tmp_path / "m" / "model.safetensors"))
+    again = load_model(tmp_path / "m")
+    assert again.head.weight.data_ptr() == again.embed.weight.data_ptr()
+    tokens = torch.randint(0, 60, (1, 9))
+    pos = torch.arange(9)[None]
+    with torch.no_grad():
+        assert torch.equal(model(tokens, pos), again(tokens, pos))
