@@ -393,3 +393,14 @@ def test_fastdllm2_tied_embeddings(tmp_path) -> None:
     pos = torch.arange(9)[None]
     with torch.no_grad():
         assert torch.equal(model(tokens, pos), again(tokens, pos))
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_batch_equals_rows_alone(family: str) -> None:
+    model = _tiny(family)
+    prompt = torch.randint(0, 60, (3, 6))
+    kw = dict(gen_length=8, steps=8, block_length=model.block_size or 4)
+    batch = DiffusionSampler(model, "threshold", tau=0.7, **kw).generate(prompt)
+    for i in range(3):
+        alone = DiffusionSampler(model, "threshold", tau=0.7, **kw).generate(prompt[i:i + 1])
+        assert torch.equal(batch.tokens[i:i + 1], alone.tokens), i
