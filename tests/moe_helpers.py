@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import socket
 from typing import Any
 
+import pytest
 import torch
 
+from dllm_decode.models import build_model, load_model
 from tests.conformance import CONFORMANCE, require_shared
 
 MASK, EOS = 63, 62
@@ -75,3 +78,40 @@ def randomize_buffers(model: torch.nn.Module, seed: int = 0) -> None:
         for name, buf in model.named_buffers():
             if name.endswith("expert_bias"):
                 buf.copy_(torch.randn(buf.shape, generator=gen) * 0.3)
+
+
+#: the built families (``tiny_moe_config`` names)
+TINY = ["llada2", "fastdllm2", "lladamoe", "sdarmoe"]
+
+
+def tiny_moe_model(family: str, seed: int = 3, **overrides):
+    """A tiny random model of ``family`` (large init: spread-out confidences; expert biases
+    randomised)."""
+    model = build_model(tiny_moe_config(family, **overrides), seed=seed, init_std=0.5)
+    randomize_buffers(model, seed)
+    return model
+
+
+def load_fixture(name: str):
+    """``(directory, model)`` of a conformance checkpoint (skips without ../shared)."""
+    directory = require_shared(CONFORMANCE / name)
+    return directory, load_model(directory, mask_token_id=fixture_mask_id(name))
+
+
+@pytest.fixture
+def offline_hub(monkeypatch, tmp_path):
+    """An empty Hub cache at ``tmp_path / "hub"``, offline mode on, sockets refused."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a test tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    return tmp_path / "hub"
+
+
+@pytest.fixture
+def seeded() -> None:
+    """Seed torch's global generator (the tests' random token ids)."""
+    torch.manual_seed(0)
