@@ -189,7 +189,12 @@ def build_model(config: dict[str, Any], *, seed: int | None = 0,
                 p.copy_(torch.randn(p.shape, generator=gen) * init_std)
     if tied_embeddings(model):
         model.head.weight = model.embed.weight
-    return model.to(device=device, dtype=dtype).eval()
+    model = model.to(device=device, dtype=dtype).eval()
+    keep = fp32_tensors(model)
+    for name, buf in model.named_buffers():
+        if name in keep:
+            buf.data = buf.data.float()
+    return model
 
 
 def family_key(config: dict[str, Any]) -> str:
