@@ -147,3 +147,17 @@ def test_spec_validation() -> None:
     with pytest.raises(ValueError, match="score"):
         MoESpec(num_experts=4, top_k=2, intermediate_size=8, score="relu",  # type: ignore
                 norm_topk_prob=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_grouped_path_traces_as_one_graph(dtype: torch.dtype) -> None:
+    """``torch.compile(fullgraph=True)`` sees no graph break (no host sync, no data-dependent
+    shapes); dynamo only (the eager backend), to stay fast."""
+    moe = _moe(SIGMOID).to(dtype)
+    x = torch.randn(2, 7, 32, generator=torch.Generator().manual_seed(4)).to(dtype)
+    compiled = torch.compile(lambda t: moe(t, "grouped"), fullgraph=True, backend="eager")
+    with torch.no_grad():
+        got, want = compiled(x), moe(x, "reference")
+    assert (got.float() - want.float()).abs().max().item() < (1e-5 if dtype is torch.float32
+                                                              else 0.02 * want.abs().max())
+    torch._dynamo.reset()

@@ -171,13 +171,15 @@ class Experts(nn.Module):
 
 
 def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
-    """``torch._grouped_mm`` exists and takes these operands: fp32 / bf16 / fp16 on CPU or CUDA,
-    16-byte aligned rows. (On CUDA torch runs its CUTLASS kernel for bf16 on compute
-    capability >= 9 and its own per-group fallback elsewhere.)"""
+    """``torch._grouped_mm`` exists and takes these operands: fp32 / bf16 / fp16 on CPU or CUDA
+    (bf16 only under ``torch.compile``), 16-byte aligned rows. (On CUDA torch runs its CUTLASS
+    kernel for bf16 on compute capability >= 9 and its own per-group fallback elsewhere.)"""
     if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype:
         return False
     if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
+    if torch.compiler.is_compiling() and x.dtype is not torch.bfloat16:
+        return False  # its meta (fake-tensor) kernel accepts bf16 only
     if any(s * x.element_size() % 16 for s in w.shape[1:]):
         return False
     return x.device.type in ("cpu", "cuda")
