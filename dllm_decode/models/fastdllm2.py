@@ -34,6 +34,11 @@ DEFAULT_BLOCK = 32
 class FastDLLMv2Model(BlockDiffusionModel):
     """Qwen2 names, block-causal attention, shifted logits (see the module docstring)."""
 
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__(spec)
+        if spec.extra.get("tie_word_embeddings"):
+            self.head.weight = self.embed.weight
+
 
 def fastdllm2_spec(cfg: dict[str, Any]) -> ModelSpec:
     """ModelSpec from a Fast-dLLM v2 ``config.json`` dict (release field names)."""

@@ -187,14 +187,7 @@ def build_model(config: dict[str, Any], *, seed: int | None = 0,
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * init_std)
-    if tied_embeddings(model):
-        model.head.weight = model.embed.weight
-    model = model.to(device=device, dtype=dtype).eval()
-    keep = fp32_tensors(model)
-    for name, buf in model.named_buffers():
-        if name in keep:
-            buf.data = buf.data.float()
-    return model
+    return model.to(device=device, dtype=dtype).eval()
 
 
 def family_key(config: dict[str, Any]) -> str:
@@ -277,10 +270,10 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
     dev = resolve_device(device)
     for d in set(placement.values()) if placement else {dev}:
         check_dtype_runs(target, d)
+    layout = checkpoint_layout(model)  # name -> (internal name, expert slice or None)
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    expected = {name: (internal, part, shapes[internal][1:] if part is not None
-                       else shapes[internal])
-                for name, (internal, part) in checkpoint_layout(model).items()}
+    expected = {name: (k, shapes[k][1:] if part is not None else shapes[k])
+                for name, (k, part) in layout.items()}
     keep_fp32 = fp32_tensors(model)
     names = tensor_names(directory)  # headers only: name checks before any data is read
     hint = (f"; {cfg_path} declares model_type {config.get('model_type')!r}: is that the "
@@ -295,7 +288,7 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
                               + hint)
     state: dict[str, torch.Tensor] = {}
     for name, t in iter_tensors(sorted(set(names.values())), dev):
-        internal, part, shape = expected[name]
+        internal, shape = expected[name]
         if tuple(t.shape) != shape:
             raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(t.shape)}, "
                                   f"{cfg_path.name} implies {shape} (check the head counts, "
@@ -304,6 +297,7 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
             check_tensor_finite(t, name, directory)
         where = device_for(internal, placement) if placement else dev
         dtype = torch.float32 if internal in keep_fp32 else target
+        part = layout[name][1]
         if part is None:
             state[internal] = _place(t, dtype, where)
         else:  # one expert's slice of a stacked tensor

@@ -31,6 +31,7 @@ rounding (``tests/test_moe.py``: atol 1e-5 in fp32).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -197,6 +198,14 @@ class Router(nn.Module):
             self.register_buffer("expert_bias", torch.zeros(spec.num_experts))
         else:
             self.expert_bias = None
+
+    def _apply(self, fn: Callable[[Tensor], Tensor], recurse: bool = True) -> Router:
+        """``.to(dtype)`` / ``.half()`` leave the expert bias in fp32 (it is added to fp32
+        scores; a bf16 bias would reorder near-tied experts)."""
+        super()._apply(fn, recurse)
+        if self.expert_bias is not None and self.expert_bias.dtype != torch.float32:
+            self.expert_bias = self.expert_bias.float()
+        return self
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x ``[T, H]`` -> (ids ``[T, k]``, fp32 weights ``[T, k]``); logits in fp32."""
