@@ -117,11 +117,6 @@ def tensor_index(directory: Path) -> dict[str, tuple[Path, tuple[int, ...]]]:
     return index
 
 
-def tensor_names(directory: Path) -> dict[str, Path]:
-    """``{checkpoint tensor name: file}`` (``tensor_index`` without the shapes)."""
-    return {name: file for name, (file, _) in tensor_index(directory).items()}
-
-
 def iter_tensors(files: list[Path], device: torch.device
                  ) -> Iterator[tuple[str, torch.Tensor]]:
     """``(checkpoint name, tensor)`` one at a time, one shard open at a time.
