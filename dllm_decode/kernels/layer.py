@@ -25,7 +25,7 @@ def qkv_rope(qkv: Tensor, rope: RopeRows, heads: int, kv_heads: int, head_dim: i
     Reference: a new tensor, 3 kernels (+3 with the norm, +2 with the write), differentiable.
     Triton: one launch, in place (the result is a view of ``qkv``, whose q/k part the caller
     must not read again), not differentiable. See ``layer_reference.qkv_rope`` for the math;
-    fp32 results are bitwise equal (tested).
+    fp32 results agree within an ulp or two (tested).
     """
     if qkv.dim() != 3 or qkv.shape[-1] != (heads + 2 * kv_heads) * head_dim or \
             qkv.stride(-1) != 1:

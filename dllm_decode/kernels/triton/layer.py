@@ -4,8 +4,9 @@
 its row of the fused projection output as a ``[BLOCK_H, BLOCK_HALF]`` tile per half of the
 head dim. q and k heads: optional RMSNorm (fp32 statistics, model-dtype result times the
 weight), rotate-half RoPE in fp32, stored in place; k and v heads are also written to the
-cache row ``slots[b, n]`` when asked. Launched without FMA contraction so fp32 results match
-the torch reference (``kernels/layer_reference.py``) bit for bit.
+cache row ``slots[b, n]`` when asked. Launched without FMA contraction (fp32 results agree with
+the torch reference, ``kernels/layer_reference.py``, within an ulp or two: torch's CPU
+``addcmul`` may fuse its multiply-add).
 
 ``silu_mul``: grid ``(rows, cdiv(I, BLOCK))``, ``silu(gate) * up`` in fp32, stored in the
 input dtype.
@@ -67,8 +68,8 @@ def _qkv_rope_kernel(
     tl.store(base, o1, mask=rot)
     tl.store(base + half, o2, mask=rot)
     if WRITE:
-        slot = tl.load(slot_ptr + b * s_sb + n * s_sn).to(tl.int64)
-        ok = (slot >= 0) & (slot < max_len)
+        slot = tl.zeros([BLOCK_H, 1], dtype=tl.int64) + tl.load(slot_ptr + b * s_sb + n * s_sn)
+        ok = (slot >= 0) & (slot < max_len)  # rows outside the cache are skipped
         is_k = (h >= H) & (h < hk) & d_ok & ok
         kd = kc_ptr + b * s_kb + (h - H) * s_kh + slot * s_kl + d
         tl.store(kd, o1, mask=is_k)
