@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from dllm_decode import cli
-from dllm_decode.kernels import selfcheck
 from dllm_decode.doctor import CACHE_MODES, SHAPES, random_model
+from dllm_decode.kernels import selfcheck
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

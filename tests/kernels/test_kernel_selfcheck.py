@@ -26,6 +26,7 @@ def _self_check_warnings(seen: list) -> list[str]:
 @pytest.fixture
 def auto_is_triton(device, monkeypatch):
     monkeypatch.setattr(kernels, "_auto", lambda device_type: Impl.TRITON)
+    monkeypatch.setattr(kernels, "AUTO_ON_CUDA", {})  # every op Triton (also on a GPU)
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
     selfcheck.reset()
     yield
@@ -124,3 +125,20 @@ def test_env_reference_on_cpu_never_imports_triton(monkeypatch) -> None:
     got = kernels.propose(x, temperature=0.5, generator=torch.Generator().manual_seed(0))
     want = reference.propose(x, temperature=0.5, generator=torch.Generator().manual_seed(0))
     assert torch.equal(got.tokens, want.tokens)
+
+
+def test_auto_on_cuda_goes_per_op(monkeypatch) -> None:
+    """``AUTO_ON_CUDA``: attention and the cache scatter stay on torch, the layer ops and the
+    vocabulary pass go to Triton; categorical proposals never resolve to Triton under auto.
+    (Resolution only: nothing launches, so no GPU is needed.)"""
+    monkeypatch.setattr(kernels, "_auto", lambda device_type: Impl.TRITON)
+    monkeypatch.setattr(selfcheck, "passed", lambda *args, **kwargs: True)
+    monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+    cuda = torch.device("cuda")
+    assert kernels.resolve_impl("auto", cuda, ops=("kv_write_", "block_attention")) is \
+        Impl.REFERENCE
+    assert kernels.resolve_impl("auto", cuda, ops=("qkv_rope", "silu_mul")) is Impl.TRITON
+    assert kernels.propose_impl("auto", cuda, "gumbel") is Impl.TRITON
+    assert kernels.propose_impl("auto", cuda, "categorical") is Impl.REFERENCE
+    monkeypatch.setattr(kernels, "_require_triton", lambda device: None)
+    assert kernels.propose_impl("triton", cuda, "categorical") is Impl.TRITON  # then raises
