@@ -358,6 +358,8 @@ class DecoderLM(nn.Module):
         rows = kernels.rope_rows(cos, sin)  # once per forward, shared by every layer
         attn_impl = self._cached_attn_impl(h) if cache is not None else Impl.REFERENCE
         impl = self._impl(h, self.layer_impl, ("qkv_rope", "silu_mul"))
+        if torch.is_grad_enabled() and h.requires_grad:  # training: the differentiable path
+            impl = Impl.REFERENCE
         for i, layer in enumerate(self.layers):
             if isinstance(layer, FusedLayer):
                 h = layer(h, rows, mask, i, cache, slots, store, impl, attn_impl)

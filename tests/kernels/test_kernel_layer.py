@@ -113,3 +113,16 @@ def test_triton_layer_path_launches_at_most_14_per_layer(device, family, mode) -
     assert count.per_range and count.max <= 14, count.by_op
     assert count.by_op.get("triton::qkv_rope") == len(count.per_range)  # the kernels ran
     assert count.by_op.get("triton::silu_mul") == len(count.per_range)
+
+
+def test_training_forward_falls_back_to_the_differentiable_reference(device) -> None:
+    """``layer_impl=triton`` (what ``auto`` picks on CUDA) with autograd on: the reference
+    ops run (the Triton ones write in place and have no backward), gradients flow."""
+    model = tiny_model("sdar", seed=1).to(device)
+    model.layer_impl = Impl.TRITON
+    tokens = torch.randint(0, EOS, (1, 4), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(4, device=device)[None]
+    model(tokens.to(device), pos).float().logsumexp(-1).sum().backward()
+    assert model.layers[0].attn.qkv.weight.grad.abs().sum() > 0
+    assert model.layers[0].mlp.gate_up.weight.grad.abs().sum() > 0
+    model.layer_impl = Impl.AUTO
