@@ -50,12 +50,13 @@ ENV_VAR = "DLLM_DECODE_KERNELS"
 
 
 #: what ``impl="auto"`` picks per op on CUDA when Triton can launch (ops not listed: Triton).
-#: Issue 33 (H200, batch 1, LLaDA-8B shape): the Triton ``kv_write_`` + ``block_attention``
-#: path cost 25.3 ms per forward against 20.1 for the torch reference (Triton's launcher costs
-#: more per launch than torch's), so attention stays on SDPA and the cache write on torch's
-#: scatter; the vocabulary pass (one launch for ~10 torch kernels over ``[N, V]``) and the
-#: fused layer ops (one launch for 5-8 / 2 torch kernels) go to Triton. Categorical
-#: proposals (top-p / top-k need a sort) are torch only (``propose_impl``).
+#: Measured in issue 33 (H200, batch 1, LLaDA-8B shape): the Triton ``kv_write_`` +
+#: ``block_attention`` path cost 25.3 ms per forward against 20.1 for the torch reference
+#: (Triton's launcher costs more per launch than torch's), so attention stays on SDPA and the
+#: cache write on torch's scatter. By launch count (not yet timed on a GPU): the vocabulary
+#: pass (one launch for ~10 torch kernels over ``[N, V]``) and the fused layer ops (one
+#: launch for 5-8 / 2 torch kernels) go to Triton. Categorical proposals (top-p / top-k need
+#: a sort) are torch only (``propose_impl``).
 AUTO_ON_CUDA: dict[str, Impl] = {
     "confidence_stats": Impl.TRITON, "gumbel_sample": Impl.TRITON, "propose": Impl.TRITON,
     "qkv_rope": Impl.TRITON, "silu_mul": Impl.TRITON,
@@ -104,8 +105,15 @@ def _require_triton(device: torch.device) -> None:
         raise RuntimeError(f"impl='triton' cannot launch on {device} tensors: it needs CUDA "
                            f"tensors and a GPU driver (or TRITON_INTERPRET=1 set before the "
                            f"first Triton op, to run the interpreter on CPU)")
-    if not backend.driver_ready():
+    if not _driver_ready():
         raise RuntimeError("impl='triton' cannot launch: Triton found no active GPU driver")
+
+
+@functools.cache
+def _driver_ready() -> bool:
+    """``driver_ready`` once per process: every explicit Triton op checks it (per layer, per
+    forward), and the driver query costs microseconds of host time each."""
+    return _backend().driver_ready()
 
 
 def triton_status(device: torch.device) -> str | None:

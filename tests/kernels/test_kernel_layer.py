@@ -126,3 +126,29 @@ def test_training_forward_falls_back_to_the_differentiable_reference(device) -> 
     assert model.layers[0].attn.qkv.weight.grad.abs().sum() > 0
     assert model.layers[0].mlp.gate_up.weight.grad.abs().sum() > 0
     model.layer_impl = Impl.AUTO
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("family", ["llada", "dream", "sdar"])
+def test_bf16_triton_layer_ops_match_reference_on_gpu(device, family) -> None:
+    """bf16 (the interpreter cannot compute in bf16): the fused ops and a cached forward with
+    Triton layer ops against the reference, within bf16 rounding."""
+    qkv, rope, w, slots = _inputs(device, torch.bfloat16, 2, 7, 8, 2, 64, 11)
+    got = kernels.qkv_rope(qkv.clone(), rope, 8, 2, 64, q_norm=w[0], k_norm=w[1], eps=1e-6,
+                           impl="triton")
+    want = kernels.qkv_rope(qkv.clone(), rope, 8, 2, 64, q_norm=w[0], k_norm=w[1], eps=1e-6,
+                            impl="reference")
+    torch.testing.assert_close(got, want, atol=3e-2, rtol=2e-2)
+    x = torch.randn(4, 2 * 300, device=device).bfloat16()
+    torch.testing.assert_close(kernels.silu_mul(x, impl="triton"),
+                               kernels.silu_mul(x, impl="reference"), atol=2e-2, rtol=2e-2)
+    model = tiny_model(family, seed=3, init_std=0.1).to(device, torch.bfloat16)
+    tokens = torch.randint(0, EOS, (2, 6), generator=torch.Generator().manual_seed(2))
+    pos = torch.arange(6, device=device).expand(2, 6)
+    logits = {}
+    for impl in (Impl.REFERENCE, Impl.TRITON):
+        model.layer_impl = impl
+        with torch.no_grad():
+            logits[impl] = model(tokens.to(device), pos).float()
+    model.layer_impl = Impl.AUTO
+    torch.testing.assert_close(logits[Impl.TRITON], logits[Impl.REFERENCE], atol=5e-2, rtol=5e-2)
