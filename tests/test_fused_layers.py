@@ -124,3 +124,22 @@ def test_reference_path_has_no_dtype_round_trips_in_bf16() -> None:
     count = layer_launches(tiny_model("llada").to(torch.bfloat16), "dual", prompt_length=4,
                            gen_length=4, block_length=4)
     assert count.max <= 14 and "aten::to" not in count.by_op, count.by_op
+
+
+def test_fused_forward_compiles_with_fullgraph() -> None:
+    """The static-buffer step compiles the forward whole (issue 33): no graph break in the
+    fused layers, even when the impl is first resolved inside the compiled region."""
+    model = tiny_model("llada", seed=1)
+    tokens = torch.randint(0, EOS, (1, 4), generator=torch.Generator().manual_seed(0))
+    pos = torch.arange(4)[None]
+    caches = [model.new_cache(1, 8) for _ in range(2)]
+    mask = caches[0].valid_keys()
+    model.__dict__.pop("_attn_impl_memo", None)
+    # dynamo's tracing is what can break; the eager backend skips Inductor's minutes of codegen
+    step = torch.compile(lambda t, p: model(t, p, cache=caches[0], mask=mask), fullgraph=True,
+                         backend="eager")
+    with torch.no_grad():
+        got = step(tokens, pos)
+        want = model(tokens, pos, cache=caches[1], mask=mask)
+    torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(caches[0].k, caches[1].k, atol=1e-5, rtol=1e-5)

@@ -90,7 +90,9 @@ def _auto(device_type: str) -> Impl:
                 choice, why = Impl.TRITON, "CUDA device with an active Triton driver"
             else:
                 choice, why = Impl.REFERENCE, "no active Triton GPU driver"
-    logger.info("dllm_decode.kernels: impl=auto on %s -> %s (%s)", device_type, choice.value, why)
+    if not torch.compiler.is_compiling():  # a first forward inside torch.compile(fullgraph)
+        logger.info("dllm_decode.kernels: impl=auto on %s -> %s (%s)", device_type,
+                    choice.value, why)
     return choice
 
 

@@ -26,6 +26,7 @@ from dllm_decode.models.functional import (  # noqa: F401 (re-exported)
     block_causal_mask,
     rope_cos_sin,
 )
+from dllm_decode.models.fused import FusedLayer
 from dllm_decode.types import Impl
 
 
@@ -232,8 +233,6 @@ class DecoderLM(nn.Module):
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
-        from dllm_decode.models.fused import FusedLayer
-
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
         #: fused layers (``models.fused``); ``Layer`` above is their readable reference
@@ -351,8 +350,6 @@ class DecoderLM(nn.Module):
             if cache is not None:
                 raise ValueError("pass an explicit mask for cached block-causal forwards")
             mask = block_causal_mask(positions, positions, self.spec.block_size)
-        from dllm_decode.models.fused import FusedLayer
-
         h = self.embed(tokens)
         cos, sin = self.rope_tables(positions) if rope is None else rope
         rows = kernels.rope_rows(cos, sin)  # once per forward, shared by every layer
