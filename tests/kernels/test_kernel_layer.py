@@ -30,7 +30,8 @@ def _inputs(device, dtype, b, n, heads, kv_heads, dim, max_len):
 @pytest.mark.parametrize("norm", [False, True])
 @pytest.mark.parametrize("write", [False, True])
 @pytest.mark.parametrize(("b", "n", "heads", "kv_heads", "dim"),
-                         [(2, 5, 4, 2, 16), (1, 3, 2, 2, 32), (3, 1, 4, 1, 8)])
+                         [(2, 5, 4, 2, 16), (1, 3, 2, 2, 32), (3, 1, 4, 1, 8),
+                          (1, 3, 8, 4, 128)])  # D 128: heads split over programs
 def test_qkv_rope_matches_reference(device, dtype, norm, write, b, n, heads, kv_heads,
                                     dim) -> None:
     max_len = 7

@@ -1,11 +1,12 @@
 """Fused decoder-layer kernels: q/k norm + RoPE (+ the K/V cache write) and SwiGLU.
 
-``qkv_rope_``: grid ``(B * N,)``, one program per token covering all ``H + 2 H_kv`` heads of
-its row of the fused projection output as a ``[BLOCK_H, BLOCK_HALF]`` tile per half of the
-head dim. q and k heads: optional RMSNorm (fp32 statistics, model-dtype result times the
-weight), rotate-half RoPE in fp32, stored in place; k and v heads are also written to the
-cache row ``slots[b, n]`` when asked. Launched without FMA contraction (fp32 results agree with
-the torch reference, ``kernels/layer_reference.py``, within an ulp or two: torch's CPU
+``qkv_rope_``: grid ``(B * N, cdiv(heads, BLOCK_H))``: a program takes ``BLOCK_H`` heads of
+one token's row of the fused projection output as a ``[BLOCK_H, BLOCK_HALF]`` tile per half
+of the head dim (tiles of at most 512 elements: no register spills at head dim 128). q and
+k heads: optional RMSNorm (fp32 statistics, model-dtype result times the weight),
+rotate-half RoPE in fp32, stored in place; k and v heads are also written to the cache row
+``slots[b, n]`` when asked. Launched without FMA contraction (fp32 results agree with the
+torch reference, ``kernels/layer_reference.py``, within an ulp or two: torch's CPU
 ``addcmul`` may fuse its multiply-add).
 
 ``silu_mul``: grid ``(rows, cdiv(I, BLOCK))``, ``silu(gate) * up`` in fp32, stored in the
@@ -37,7 +38,7 @@ def _qkv_rope_kernel(
     b = (row // n_tok).to(tl.int64)
     n = (row % n_tok).to(tl.int64)
     hd = 2 * half
-    h = tl.arange(0, BLOCK_H)[:, None]
+    h = tl.program_id(1) * BLOCK_H + tl.arange(0, BLOCK_H)[:, None]
     d = tl.arange(0, BLOCK_HALF)[None, :]
     d_ok = d < half
     hk = H + H_kv
@@ -82,6 +83,15 @@ def _qkv_rope_kernel(
         tl.store(vd + half, v2, mask=is_v)
 
 
+def layer_blocks(heads: int, head_dim: int) -> tuple[int, int, int]:
+    """``(BLOCK_H, BLOCK_HALF, num_warps)`` of ``_qkv_rope_kernel`` for ``heads`` heads (q + k,
+    + v when writing the cache): tiles of at most 512 elements (8 heads at head dim 128, the
+    whole row of a tiny model), 4 warps."""
+    block_half = triton.next_power_of_2(head_dim // 2)
+    block_h = min(triton.next_power_of_2(heads), max(1, 512 // block_half))
+    return block_h, block_half, 4
+
+
 def qkv_rope_(qkv: Tensor, cos: Tensor, sin: Tensor, heads: int, kv_heads: int, head_dim: int,
               q_norm: Tensor | None, k_norm: Tensor | None, eps: float,
               k_cache: Tensor | None, v_cache: Tensor | None, slots: Tensor | None) -> None:
@@ -92,10 +102,11 @@ def qkv_rope_(qkv: Tensor, cos: Tensor, sin: Tensor, heads: int, kv_heads: int, 
         cos, sin = cos.contiguous(), sin.contiguous()
     write = k_cache is not None
     all_heads = heads + (2 if write else 1) * kv_heads
+    block_h, block_half, warps = layer_blocks(all_heads, head_dim)
     norm = q_norm is not None
     kc, vc = (k_cache, v_cache) if write else (qkv, qkv)
     sl = slots if write else qkv
-    grid = (b * n,)
+    grid = (b * n, triton.cdiv(all_heads, block_h))
     with launch_range("qkv_rope"):
         _qkv_rope_kernel[grid](
             qkv, cos, sin, q_norm if norm else cos, k_norm if norm else cos, kc, vc, sl,
@@ -104,8 +115,8 @@ def qkv_rope_(qkv: Tensor, cos: Tensor, sin: Tensor, heads: int, kv_heads: int, 
             *(kc.stride()[:3] if write else (0, 0, 0)),
             *(vc.stride()[:3] if write else (0, 0, 0)),
             *(sl.stride() if write else (0, 0)), k_cache.shape[2] if write else 0,
-            NORM=norm, WRITE=write, BLOCK_H=triton.next_power_of_2(all_heads),
-            BLOCK_HALF=triton.next_power_of_2(head_dim // 2), enable_fp_fusion=False,
+            NORM=norm, WRITE=write, BLOCK_H=block_h, BLOCK_HALF=block_half, num_warps=warps,
+            enable_fp_fusion=False,
         )
 
 
