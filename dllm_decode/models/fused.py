@@ -38,20 +38,18 @@ _GATE_UP = ("gate_proj", "up_proj")
 
 def _split_state(module: nn.Module, state: dict[str, Any], prefix: str,
                  fused: str, parts: tuple[str, ...], sizes: list[int]) -> None:
-    """``state_dict`` hook: replace ``prefix + fused.{weight,bias}`` by the unfused parts in
-    the order the unfused module lists them (weight, bias per part), keeping the rest."""
-    mine = [k for k in state if k.startswith(prefix)]
-    entries = {k: state.pop(k) for k in mine}
-    for k, v in entries.items():
-        if k.startswith(prefix + fused + "."):
-            if k == prefix + fused + ".weight":
-                for part, w in zip(parts, v.split(sizes), strict=True):
-                    state[f"{prefix}{part}.weight"] = w
-                    bias = entries.get(prefix + fused + ".bias")
-                    if bias is not None:
-                        state[f"{prefix}{part}.bias"] = bias.split(sizes)[parts.index(part)]
-            continue
-        state[k] = v
+    """``state_dict`` hook: replace ``prefix + fused.{weight,bias}`` by views of the unfused
+    parts, in the order the unfused module lists them (each part's weight, then its bias),
+    keeping this module's other entries (they are the last ones in ``state``)."""
+    entries = {k: state.pop(k) for k in [k for k in state if k.startswith(prefix)]}
+    weight = entries.pop(f"{prefix}{fused}.weight")
+    bias = entries.pop(f"{prefix}{fused}.bias", None)
+    biases = bias.split(sizes) if bias is not None else [None] * len(parts)
+    for part, w, b in zip(parts, weight.split(sizes), biases, strict=True):
+        state[f"{prefix}{part}.weight"] = w
+        if b is not None:
+            state[f"{prefix}{part}.bias"] = b
+    state.update(entries)
 
 
 def _fuse_state(state: dict[str, Any], prefix: str, fused: str, parts: tuple[str, ...]) -> None:
