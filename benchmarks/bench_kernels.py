@@ -91,6 +91,39 @@ def attention_cases(device: torch.device, dtype: torch.dtype, quick: bool) -> It
                    lambda: kernels.kv_write_(*a, impl=impl), 4 * k_new.numel() * k.element_size())
 
 
+def layer_cases(device: torch.device, dtype: torch.dtype, quick: bool) -> Iterator[Case]:
+    """The fused layer ops (issue 33) at batch 1-8, 32 fed rows: the numbers behind
+    ``kernels.AUTO_ON_CUDA`` for ``qkv_rope`` and ``silu_mul``."""
+    from dllm_decode.models.functional import rope_cos_sin
+
+    # (B, H, H_kv, D, MLP, q/k norm): LLaDA-8B, Dream-7B, SDAR-8B (Qwen3) layers; tiny on CPU
+    if device.type == "cuda":
+        configs = [(1, 32, 32, 128, 12288, False), (8, 32, 32, 128, 12288, False),
+                   (1, 28, 4, 128, 18944, False), (1, 32, 8, 128, 12288, True)]
+    else:
+        configs = [(1, 4, 4, 64, 768, False)] if quick else [(1, 4, 4, 64, 768, False),
+                                                             (4, 8, 2, 64, 768, True)]
+    n, max_len = 32, 768
+    for b, h, h_kv, d, mlp, norm in configs:
+        g = torch.Generator(device="cpu").manual_seed(0)
+        qkv = torch.randn(b, n, (h + 2 * h_kv) * d, generator=g).to(device, dtype)
+        rope = kernels.rope_rows(*rope_cos_sin(torch.arange(n, device=device).expand(b, n), d,
+                                               10000.0))
+        w = torch.ones(d, device=device, dtype=dtype) if norm else None
+        kc, vc = (torch.zeros(b, h_kv, max_len, d, device=device, dtype=dtype) for _ in "kv")
+        slots = torch.arange(n, device=device).expand(b, n)
+        tag = f"[H={h},H_kv={h_kv},D={d},norm={int(norm)},{str(dtype).removeprefix('torch.')}]"
+        yield Case("qkv_rope", f"qkv_rope_write{tag}", {"B": b, "P": max_len, "K": n},
+                   lambda impl, a=(qkv, rope, h, h_kv, d), kw=dict(
+                       q_norm=w, k_norm=w, eps=1e-6, k_cache=kc, v_cache=vc, slots=slots):
+                   lambda: kernels.qkv_rope(*a, **kw, impl=impl),
+                   2 * qkv.numel() * qkv.element_size())
+        gate_up = torch.randn(b, n, 2 * mlp, generator=g).to(device, dtype)
+        yield Case("silu_mul", f"silu_mul[I={mlp},{str(dtype).removeprefix('torch.')}]",
+                   {"B": b, "K": n}, lambda impl, x=gate_up: lambda: kernels.silu_mul(
+                       x, impl=impl), gate_up.numel() * gate_up.element_size() * 3 // 2)
+
+
 def time_call(fn: Callable[[], Any], device: torch.device, repeats: int, warmup: int
               ) -> list[float]:
     """Seconds per call: GPU wall time between synchronisations, or CPU thread time."""
@@ -119,7 +152,8 @@ def run(device: torch.device, quick: bool, repeats: int) -> list[dict]:
         print("CPU: timing the reference provider only (the Triton interpreter is not timed)")
         torch.set_num_threads(1)
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    cases = [*vocab_cases(device, dtype, quick), *attention_cases(device, dtype, quick)]
+    cases = [*vocab_cases(device, dtype, quick), *attention_cases(device, dtype, quick),
+             *layer_cases(device, dtype, quick)]
     rows = []
     for case in cases:
         for provider in providers:  # providers interleaved per shape

@@ -7,9 +7,11 @@
    interpreter (``TRITON_INTERPRET=1``, set by doctor when triton is installed and its
    backend is not imported yet), else reported as skipped.
 3. **Decode**: one timed decode per cache mode (none, prefix, dual, window) after one warm-up,
-   on a random LLaDA-8B-shaped model with 2 layers (hidden 4096, 32 heads, MLP 12288,
-   vocab 126464: the 8B model's per-layer and vocabulary costs), bf16 on CUDA and fp32 on CPU;
-   ``--shape small`` for a small machine or CI.
+   printed as each finishes, with milliseconds per forward. The model is random: on CUDA
+   LLaDA-8B-shaped with 2 layers (hidden 4096, 32 heads, MLP 12288, vocab 126464: the 8B
+   model's per-layer and vocabulary costs) in bf16, where the forward is also compared with
+   its weight-streaming floor (weight bytes / this device's measured copy bandwidth, issue 33);
+   on a CPU the small shape in fp32 (the 8B shape there takes minutes: ``--shape llada-8b``).
 4. **Row**: with ``--out FILE``, appends one CSV row (facts, kernel verdicts, seconds per
    cache mode) to it; without, nothing is written (the repository's record is
    ``--out benchmarks/results/doctor.csv``, passed on purpose).
@@ -26,6 +28,7 @@ import subprocess
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Final
@@ -78,8 +81,11 @@ def _backend_status(device: torch.device) -> tuple[torch.device | None, str]:
     return device, how
 
 
-def kernel_report(device: torch.device, dtype: torch.dtype) -> list[dict[str, str]]:
-    """One ``{op, status, detail}`` per op: ``ok`` / ``FAIL`` (with the error) / ``skipped``."""
+def kernel_report(device: torch.device, dtype: torch.dtype,
+                  on_row: Callable[[dict[str, str]], None] | None = None
+                  ) -> list[dict[str, str]]:
+    """One ``{op, status, detail}`` per op: ``ok`` / ``FAIL`` (with the error) / ``skipped``;
+    ``on_row`` sees each as soon as it is known (progress)."""
     from dllm_decode.kernels import selfcheck
 
     where, how = _backend_status(device)
@@ -87,6 +93,8 @@ def kernel_report(device: torch.device, dtype: torch.dtype) -> list[dict[str, st
     for op in selfcheck.CHECKS:
         if where is None:
             rows.append({"op": op, "status": "skipped", "detail": how})
+            if on_row is not None:
+                on_row(rows[-1])
             continue
         start = time.perf_counter()
         with warnings.catch_warnings():  # the interpreter's numpy warnings (inf * 0) are noise
@@ -96,6 +104,8 @@ def kernel_report(device: torch.device, dtype: torch.dtype) -> list[dict[str, st
         rows.append({"op": op, "status": "ok" if error is None else "FAIL",
                      "detail": f"{how}, {time.perf_counter() - start:.2f}s" if error is None
                      else error})
+        if on_row is not None:
+            on_row(rows[-1])
     return rows
 
 
@@ -122,14 +132,47 @@ def random_model(shape: str, layers: int, device: torch.device, dtype: torch.dty
     return model.eval()
 
 
+def say(line: str) -> None:
+    """Print a progress line now (not when the buffer fills)."""
+    print(line, flush=True)
+
+
 def _sync(device: torch.device) -> None:
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
 
+def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5) -> float:
+    """Measured device copy bandwidth in bytes/s (read + write of a ``nbytes`` buffer, best of
+    ``repeats`` after a warm-up; at most a quarter of the free memory)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    n = max(1 << 20, min(nbytes, free // 4)) // 2
+    src = torch.empty(n, dtype=torch.float16, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    best = float("inf")
+    for _ in range(repeats):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        dst.copy_(src)
+        end.record()
+        end.synchronize()
+        best = min(best, start.elapsed_time(end) / 1e3)
+    return 2 * src.numel() * src.element_size() / best
+
+
+def weight_bytes(model: Any) -> int:
+    """Bytes of every parameter (what a forward streams once; the embedding table included,
+    as issue 33 counts the 8B model's 16.03 GB)."""
+    return sum(p.numel() * p.element_size() for p in model.parameters())
+
+
 def time_decodes(model: Any, device: torch.device, prompt_length: int, gen_length: int,
-                 block_length: int, steps: int) -> dict[str, tuple[float, int]]:
-    """Seconds and NFE of one decode per cache mode (after one warm-up decode each)."""
+                 block_length: int, steps: int,
+                 on_mode: Callable[[str, float, int], None] | None = None
+                 ) -> dict[str, tuple[float, int]]:
+    """Seconds and NFE of one decode per cache mode (after one warm-up decode each);
+    ``on_mode(cache, seconds, nfe)`` sees each as soon as it is timed (progress)."""
     from dllm_decode.samplers.sampler import DiffusionSampler
 
     gen = torch.Generator().manual_seed(1)
@@ -145,6 +188,8 @@ def time_decodes(model: Any, device: torch.device, prompt_length: int, gen_lengt
         result = sampler.generate(prompt)
         _sync(device)
         out[cache] = (time.perf_counter() - start, int(result.nfe[0]))
+        if on_mode is not None:
+            on_mode(cache, *out[cache])
     return out
 
 
@@ -175,24 +220,34 @@ def run(args: argparse.Namespace) -> int:
     device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     dtype = parse_dtype(args.dtype) if args.dtype else (
         torch.bfloat16 if device.type == "cuda" else torch.float32)
+    args.shape = args.shape or ("llada-8b" if device.type == "cuda" else "small")
     info = facts(device)
-    print("== facts")
+    say("== facts")
     for key, value in info.items():
-        print(f"  {key:<15} {value}")
-    print("== kernels vs reference")
-    report = kernel_report(device, dtype)
-    for r in report:
-        print(f"  {r['op']:<17} {r['status']:<8} {r['detail']}")
+        say(f"  {key:<15} {value}")
+    say("== kernels vs reference")
+    report = kernel_report(device, dtype, on_row=lambda r: say(
+        f"  {r['op']:<17} {r['status']:<8} {r['detail']}"))
     s = SHAPES[args.shape]
-    print(f"== decode: random LLaDA ({args.shape}: hidden {s['d_model']}, {s['n_heads']} heads, "
-          f"vocab {s['vocab']}, {args.layers} layers), {str(dtype).removeprefix('torch.')}, "
-          f"prompt {args.prompt_length}, gen {args.gen_length}, {args.steps} steps")
+    say(f"== decode: random LLaDA ({args.shape}: hidden {s['d_model']}, {s['n_heads']} heads, "
+        f"vocab {s['vocab']}, {args.layers} layers), {str(dtype).removeprefix('torch.')}, "
+        f"prompt {args.prompt_length}, gen {args.gen_length}, {args.steps} steps")
     model = random_model(args.shape, args.layers, device, dtype)
+    floor = None
+    if device.type == "cuda":
+        bandwidth = copy_bandwidth(device)
+        floor = weight_bytes(model) / bandwidth
+        say(f"  weights {weight_bytes(model) / 1e9:.2f} GB, copy bandwidth "
+            f"{bandwidth / 1e12:.2f} TB/s: weight-streaming floor {floor * 1e3:.3f} ms/forward")
+
+    def report_mode(cache: str, seconds: float, nfe: int) -> None:
+        per = seconds / max(nfe, 1)
+        ratio = f"  {per / floor:5.1f}x the floor" if floor else ""
+        say(f"  cache={cache:<7} {seconds:8.3f}s  NFE={nfe}  {per * 1e3:9.3f} ms/forward"
+            f"{ratio}  {args.gen_length / seconds:8.1f} tokens/s")
+
     timings = time_decodes(model, device, args.prompt_length, args.gen_length,
-                           args.block_length, args.steps)
-    for cache, (seconds, nfe) in timings.items():
-        print(f"  cache={cache:<7} {seconds:8.3f}s  NFE={nfe}  "
-              f"{args.gen_length / seconds:8.1f} tokens/s")
+                           args.block_length, args.steps, on_mode=report_mode)
     row: dict[str, Any] = {
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": _commit(), **{k: info.get(k, "") for k in
@@ -207,9 +262,9 @@ def run(args: argparse.Namespace) -> int:
     }
     if args.out:
         append_row(Path(args.out), row)
-        print(f"== row appended to {args.out}")
+        say(f"== row appended to {args.out}")
     else:
-        print("== no row written (pass --out FILE.csv to append one)")
+        say("== no row written (pass --out FILE.csv to append one)")
     return 1 if any(r["status"] == "FAIL" for r in report) else 0
 
 
@@ -220,8 +275,9 @@ def add_doctor_subcommand(sub: Any) -> None:
     p.add_argument("--device", default=None, help="default: cuda if available, else cpu")
     p.add_argument("--dtype", default=None, choices=["float32", "bfloat16", "float16"],
                    help="default: bfloat16 on CUDA, float32 on CPU")
-    p.add_argument("--shape", default="llada-8b", choices=sorted(SHAPES),
-                   help="llada-8b: ~3 GB of bf16 weights with 2 layers; small: for CI")
+    p.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                   help="llada-8b (default on CUDA): ~3 GB of bf16 weights with 2 layers; "
+                        "small (default on CPU): seconds")
     p.add_argument("--layers", type=int, default=2)
     p.add_argument("--prompt-length", type=int, default=64)
     p.add_argument("--gen-length", type=int, default=64)

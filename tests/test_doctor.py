@@ -9,6 +9,7 @@ import torch
 
 from dllm_decode import cli
 from dllm_decode.doctor import CACHE_MODES, SHAPES, random_model
+from dllm_decode.kernels import selfcheck
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -29,7 +30,7 @@ def test_doctor_runs_on_cpu_and_appends_a_row(tmp_path, monkeypatch, capsys) -> 
     assert len(rows) == 2
     row = rows[0]
     assert row["device"] == "cpu" and row["shape"] == "small" and row["kernels_failed"] == ""
-    assert int(row["kernels_ok"]) + int(row["kernels_skipped"]) == 5
+    assert int(row["kernels_ok"]) + int(row["kernels_skipped"]) == len(selfcheck.CHECKS)
     assert all(float(row[f"s_{m}"]) > 0 for m in CACHE_MODES) and row["nfe"] == "4"
 
 
@@ -59,3 +60,27 @@ def test_doctor_fails_when_a_kernel_disagrees(tmp_path, monkeypatch, capsys) -> 
     assert cli.main(argv) == 1
     assert "block_attention   FAIL     max |out - reference| = 0.5" in capsys.readouterr().out
     assert list(csv.DictReader(out.open()))[0]["kernels_failed"] == "block_attention"
+
+
+def test_doctor_defaults_to_the_small_shape_on_cpu(tmp_path, monkeypatch, capsys) -> None:
+    """A plain ``dllm-decode doctor`` on a CPU runs the small shape (seconds, not minutes) and
+    prints ms per forward for every cache mode."""
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    out = tmp_path / "doctor.csv"
+    argv = ["doctor", "--device", "cpu", "--prompt-length", "8", "--gen-length", "8",
+            "--block-length", "8", "--steps", "2", "--out", str(out)]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "(small:" in text and text.count("ms/forward") == len(CACHE_MODES)
+    assert "floor" not in text  # the weight-streaming floor is a CUDA number
+    assert list(csv.DictReader(out.open()))[0]["shape"] == "small"
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_doctor_on_cuda_reports_the_floor_ratio(tmp_path, capsys) -> None:
+    argv = ["doctor", "--shape", "small", "--prompt-length", "16", "--gen-length", "16",
+            "--block-length", "8", "--steps", "4", "--out", str(tmp_path / "d.csv")]
+    assert cli.main(argv) == 0
+    text = capsys.readouterr().out
+    assert "weight-streaming floor" in text and text.count("x the floor") == len(CACHE_MODES)

@@ -265,7 +265,8 @@ def test_growing_depth_keeps_the_shallow_models_function(tmp_path: Path, family:
         assert torch.equal(distill_loss(shallow.eval(), *batch)[0],
                            distill_loss(deep.eval(), *batch)[0])
         assert torch.count_nonzero(deep.layers[1].attn.o_proj.weight) == 0
-    assert torch.equal(deep.layers[2].attn.q_proj.weight, shallow.layers[1].attn.q_proj.weight)
+    assert torch.equal(deep.state_dict()["layers.2.attn.q_proj.weight"],
+                       shallow.state_dict()["layers.1.attn.q_proj.weight"])
     # wider too: hidden 32 -> 64, heads 2 -> 4 (same head size), MLP 64 -> 96; the function is
     # kept up to the RMSNorm epsilon (the mean square now runs over zero dimensions too), which
     # is negligible once activations are trained-size (here: embeddings scaled to rms ~0.4)

@@ -245,7 +245,7 @@ def test_block_objective_warm_starts_a_bidirectional_model() -> None:
     out = block_diffusion_loss(model, batch, torch.Generator().manual_seed(0), block_size=4)
     out.loss.backward()
     assert math.isfinite(float(out.loss.detach())) and int(out.masked) > 0
-    assert model.layers[0].attn.q_proj.weight.grad.abs().sum() > 0
+    assert model.layers[0].attn.qkv.weight.grad.abs().sum() > 0  # the fused q/k/v weight
 
 
 def test_causal_lm_loss_predicts_each_answer_token_from_its_left_context() -> None:

@@ -90,7 +90,8 @@ def test_pruned_forward_equals_masked_full_forward(family: str, truncate: bool) 
     idx, live = fed.rows, fed.live
     assert live.sum(1).tolist() == plan.active.sum(1).tolist() == [3, 3]
     want = ref.gather(1, idx[..., None].expand(-1, -1, ref.shape[-1]))
-    assert (fed.logits - want).abs()[live].max().item() <= 1e-5
+    # fp32 logits of magnitude ~10 from GEMMs of other shapes: ~10 ulps of reassociation
+    assert (fed.logits - want).abs()[live].max().item() <= 2e-5
     # RoPE at absolute positions: recomputed keys equal the full step's keys there (every
     # layer once the far field is hidden everywhere, the first layer in any case)
     act = plan.active[:, None, :, None].expand(-1, k_full.shape[2], -1, k_full.shape[4])

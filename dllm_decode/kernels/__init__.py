@@ -10,6 +10,9 @@
   time ``auto`` sends an op to Triton on a device (per dtype), the op is compared once with
   the reference on a small input (``kernels.selfcheck``); on a mismatch or an error it warns,
   naming the op and the error, and that op uses the reference from then on.
+* ``auto`` on CUDA goes per op (``AUTO_ON_CUDA``, measured in issue 33 at batch 1 on an
+  H200): Triton where one launch replaces many torch kernels (the vocabulary pass, the fused
+  layer ops), torch where a well-kept torch kernel exists (SDPA, the cache scatter).
 * ``DLLM_DECODE_KERNELS=auto|reference|triton`` overrides what ``auto`` resolves to.
 
 Triton is imported lazily (never at module top), so ``import dllm_decode`` works without it.
@@ -46,6 +49,21 @@ _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 ENV_VAR = "DLLM_DECODE_KERNELS"
 
 
+#: what ``impl="auto"`` picks per op on CUDA when Triton can launch (ops not listed: Triton).
+#: Measured in issue 33 (H200, batch 1, LLaDA-8B shape): the Triton ``kv_write_`` +
+#: ``block_attention`` path cost 25.3 ms per forward against 20.1 for the torch reference
+#: (Triton's launcher costs more per launch than torch's), so attention stays on SDPA and the
+#: cache write on torch's scatter. By launch count (not yet timed on a GPU): the vocabulary
+#: pass (one launch for ~10 torch kernels over ``[N, V]``) and the fused layer ops (one
+#: launch for 5-8 / 2 torch kernels) go to Triton. Categorical proposals (top-p / top-k need
+#: a sort) are torch only (``propose_impl``).
+AUTO_ON_CUDA: dict[str, Impl] = {
+    "confidence_stats": Impl.TRITON, "gumbel_sample": Impl.TRITON, "propose": Impl.TRITON,
+    "qkv_rope": Impl.TRITON, "silu_mul": Impl.TRITON,
+    "kv_write_": Impl.REFERENCE, "block_attention": Impl.REFERENCE,
+}
+
+
 def _backend() -> ModuleType:
     """The Triton backend package, imported on first use."""
     try:
@@ -72,7 +90,9 @@ def _auto(device_type: str) -> Impl:
                 choice, why = Impl.TRITON, "CUDA device with an active Triton driver"
             else:
                 choice, why = Impl.REFERENCE, "no active Triton GPU driver"
-    logger.info("dllm_decode.kernels: impl=auto on %s -> %s (%s)", device_type, choice.value, why)
+    if not torch.compiler.is_compiling():  # a first forward inside torch.compile(fullgraph)
+        logger.info("dllm_decode.kernels: impl=auto on %s -> %s (%s)", device_type,
+                    choice.value, why)
     return choice
 
 
@@ -87,8 +107,15 @@ def _require_triton(device: torch.device) -> None:
         raise RuntimeError(f"impl='triton' cannot launch on {device} tensors: it needs CUDA "
                            f"tensors and a GPU driver (or TRITON_INTERPRET=1 set before the "
                            f"first Triton op, to run the interpreter on CPU)")
-    if not backend.driver_ready():
+    if not _driver_ready():
         raise RuntimeError("impl='triton' cannot launch: Triton found no active GPU driver")
+
+
+@functools.cache
+def _driver_ready() -> bool:
+    """``driver_ready`` once per process: every explicit Triton op checks it (per layer, per
+    forward), and the driver query costs microseconds of host time each."""
+    return _backend().driver_ready()
 
 
 def triton_status(device: torch.device) -> str | None:
@@ -124,8 +151,9 @@ def resolve_impl(impl: Impl | str, device: torch.device, *, ops: tuple[str, ...]
     ``DLLM_DECODE_KERNELS`` overrides what ``auto`` resolves to (see ``kernels_env``). When
     ``auto`` picks Triton by itself, each op in ``ops`` is first compared once with the
     reference on a small ``dtype`` input on this device (``selfcheck``); any failure warns and
-    resolves to the reference from then on. Explicit ``"triton"`` is checked and raises
-    ``RuntimeError`` if it cannot launch.
+    resolves to the reference from then on. On CUDA, ``auto`` also follows ``AUTO_ON_CUDA``
+    for each op in ``ops`` (any op listed as the reference makes the answer the reference).
+    Explicit ``"triton"`` is checked and raises ``RuntimeError`` if it cannot launch.
     """
     impl = Impl(impl)
     device = torch.device(device)
@@ -137,6 +165,9 @@ def resolve_impl(impl: Impl | str, device: torch.device, *, ops: tuple[str, ...]
             _require_triton(device)
             return Impl.TRITON
         choice = _auto(device.type)
+        if choice is Impl.TRITON and device.type == "cuda" and any(
+                AUTO_ON_CUDA.get(op, Impl.TRITON) is Impl.REFERENCE for op in ops):
+            return Impl.REFERENCE
         if choice is Impl.TRITON and ops:
             from dllm_decode.kernels import selfcheck
 
@@ -333,6 +364,15 @@ def block_attention(
     return AttentionOutput(out, lse)
 
 
+def propose_impl(impl: Impl | str, device: torch.device, sampling: str) -> Impl:
+    """The impl ``propose`` runs with for ``sampling``, resolved once by a decode loop:
+    ``auto`` sends ``"categorical"`` (torch only) to the reference instead of resolving to
+    Triton and then raising; an explicit ``"triton"`` still raises there."""
+    if Impl(impl) is Impl.AUTO and sampling == "categorical":
+        return Impl.REFERENCE
+    return resolve_impl(impl, device, ops=("propose",))
+
+
 def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel",
             top_p: float | None = None, top_k: int | None = None, noise: Tensor | None = None,
             generator: torch.Generator | None = None, impl: Impl | str = Impl.AUTO,
@@ -392,6 +432,9 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
                     lse=out[0].view(shape))
 
 
-__all__ = ["ENV_VAR", "AttentionOutput", "GumbelSample", "block_attention", "confidence_stats",
-           "gumbel_sample", "kernels_env", "kv_write_", "propose", "resolve_impl",
+from dllm_decode.kernels.layer import RopeRows, qkv_rope, rope_rows, silu_mul  # noqa: E402
+
+__all__ = ["AUTO_ON_CUDA", "ENV_VAR", "AttentionOutput", "GumbelSample", "RopeRows",
+           "block_attention", "confidence_stats", "gumbel_sample", "kernels_env", "kv_write_",
+           "propose", "propose_impl", "qkv_rope", "resolve_impl", "rope_rows", "silu_mul",
            "triton_status"]

@@ -119,6 +119,35 @@ def _attention(device: torch.device, dtype: torch.dtype) -> str | None:
                      "lse": (res["triton"].lse, res["reference"].lse)}, (), TOLERANCE[dtype])
 
 
+def _qkv_rope(device: torch.device, dtype: torch.dtype) -> str | None:
+    from dllm_decode import kernels
+    from dllm_decode.models.functional import rope_cos_sin
+
+    heads, kv_heads, dim = 4, 2, 16
+    qkv = _rand(2, 5, (heads + 2 * kv_heads) * dim, seed=15).to(device, dtype)
+    rope = kernels.rope_rows(*rope_cos_sin(torch.arange(3, 13, device=device).view(2, 5), dim,
+                                           10000.0))
+    w = [(1 + _rand(dim, seed=s, scale=0.1)).to(device, dtype) for s in (16, 17)]
+    slots = torch.tensor([[0, 1, 2, 3, 4], [7, 6, 5, 4, 3]], device=device)
+    out = {}
+    for impl in ("triton", "reference"):
+        k, v = (torch.zeros(2, kv_heads, 9, dim, dtype=dtype, device=device) for _ in "kv")
+        qk = kernels.qkv_rope(qkv.clone(), rope, heads, kv_heads, dim, q_norm=w[0], k_norm=w[1],
+                              eps=1e-6, k_cache=k, v_cache=v, slots=slots, impl=impl)
+        out[impl] = (qk, k, v)
+    return _compare({name: (out["triton"][i], out["reference"][i])
+                     for i, name in enumerate(("qk", "k_cache", "v_cache"))}, (),
+                    TOLERANCE[dtype])
+
+
+def _silu_mul(device: torch.device, dtype: torch.dtype) -> str | None:
+    from dllm_decode import kernels
+
+    x = _rand(3, 5, 2 * 40, seed=18, scale=3.0).to(device, dtype)
+    return _compare({"out": (kernels.silu_mul(x, impl="triton"),
+                             kernels.silu_mul(x, impl="reference"))}, (), TOLERANCE[dtype])
+
+
 #: op name (as ``kernels`` exports it) -> check returning an error description or None
 CHECKS: Final[dict[str, Callable[[torch.device, torch.dtype], str | None]]] = {
     "confidence_stats": _confidence,
@@ -126,6 +155,8 @@ CHECKS: Final[dict[str, Callable[[torch.device, torch.dtype], str | None]]] = {
     "propose": _propose,
     "kv_write_": _kv_write,
     "block_attention": _attention,
+    "qkv_rope": _qkv_rope,
+    "silu_mul": _silu_mul,
 }
 
 

@@ -26,6 +26,7 @@ from dllm_decode.models.functional import (  # noqa: F401 (re-exported)
     block_causal_mask,
     rope_cos_sin,
 )
+from dllm_decode.models.fused import FusedLayer
 from dllm_decode.types import Impl
 
 
@@ -223,14 +224,19 @@ class DecoderLM(nn.Module):
 
     #: internal-name regex -> checkpoint-name template, set by each family subclass
     names: tuple[tuple[str, str], ...] = ()
-    #: attention kernels for cached forwards: ``auto`` = Triton when it can launch (CUDA)
+    #: attention kernels for cached forwards (``kv_write_``, ``block_attention``): ``auto``
+    #: follows ``kernels.AUTO_ON_CUDA`` (SDPA and torch's scatter on CUDA, measured faster)
     attn_impl: Impl = Impl.AUTO
+    #: the fused layer ops (``kernels.qkv_rope``, ``kernels.silu_mul``): ``auto`` = Triton
+    #: on CUDA, the torch reference elsewhere
+    layer_impl: Impl = Impl.AUTO
 
     def __init__(self, spec: ModelSpec) -> None:
         super().__init__()
         self.spec = spec
         self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
-        self.layers = nn.ModuleList(Layer(spec) for _ in range(spec.num_layers))
+        #: fused layers (``models.fused``); ``Layer`` above is their readable reference
+        self.layers = nn.ModuleList(FusedLayer(spec) for _ in range(spec.num_layers))
         self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
 
@@ -346,10 +352,17 @@ class DecoderLM(nn.Module):
             mask = block_causal_mask(positions, positions, self.spec.block_size)
         h = self.embed(tokens)
         cos, sin = self.rope_tables(positions) if rope is None else rope
-        impl = self._cached_attn_impl(h) if cache is not None else Impl.REFERENCE
+        rows = kernels.rope_rows(cos, sin)  # once per forward, shared by every layer
+        attn_impl = self._cached_attn_impl(h) if cache is not None else Impl.REFERENCE
+        impl = self._impl(h, self.layer_impl, ("qkv_rope", "silu_mul"))
+        if torch.is_grad_enabled() and h.requires_grad:  # training: the differentiable path
+            impl = Impl.REFERENCE
         for i, layer in enumerate(self.layers):
-            h = layer(h, cos, sin, mask, i, cache, slots, store, impl)
-        h = self.norm(h)
+            if isinstance(layer, FusedLayer):
+                h = layer(h, rows, mask, i, cache, slots, store, impl, attn_impl)
+            else:  # a family's own (unfused) layer with the ``Layer`` signature
+                h = layer(h, cos, sin, mask, i, cache, slots, store, attn_impl)
+        h = F.rms_norm(h, (h.shape[-1],), self.norm.weight, self.norm.eps)
         if self.spec.logit_shift:
             h = torch.cat((h[:, :1], h[:, :-1]), dim=1)
         if hidden_rows is not None:
@@ -359,13 +372,17 @@ class DecoderLM(nn.Module):
     def _cached_attn_impl(self, h: Tensor) -> Impl:
         """``attn_impl`` resolved for ``h``'s device and dtype, once per setting of the
         ``DLLM_DECODE_KERNELS`` variable (read on every call, as ``kernels_env`` documents)."""
-        key = (h.device, h.dtype, self.attn_impl, os.environ.get(kernels.ENV_VAR))
+        return self._impl(h, self.attn_impl, ("kv_write_", "block_attention"))
+
+    def _impl(self, h: Tensor, impl: Impl, ops: tuple[str, ...]) -> Impl:
+        """``impl`` for ``ops`` resolved for ``h``'s device and dtype, memoised per setting of
+        ``DLLM_DECODE_KERNELS`` (read on every call, as ``kernels_env`` documents)."""
+        key = (h.device, h.dtype, impl, ops, os.environ.get(kernels.ENV_VAR))
         memo = self.__dict__.setdefault("_attn_impl_memo", {})
-        impl = memo.get(key)
-        if impl is None:
-            impl = memo[key] = kernels.resolve_impl(self.attn_impl, h.device, dtype=h.dtype,
-                                                    ops=("kv_write_", "block_attention"))
-        return impl
+        got = memo.get(key)
+        if got is None:
+            got = memo[key] = kernels.resolve_impl(impl, h.device, dtype=h.dtype, ops=ops)
+        return got
 
     # ---- checkpoint names -----------------------------------------------------------------
     def checkpoint_state_dict(self) -> dict[str, Tensor]:

@@ -215,14 +215,15 @@ def build_model(config: dict[str, Any], *, seed: int | None = 0,
                "the config's sizes (vocabulary, layers, hidden / intermediate) are too large")
     gen = torch.Generator().manual_seed(seed or 0)
     model = cls(spec)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if name.endswith("norm.weight"):
-                p.fill_(1.0)
-            elif name.endswith("bias"):
-                p.zero_()
-            else:
-                p.copy_(torch.randn(p.shape, generator=gen) * init_std)
+    state = {}  # drawn by the released (unfused) tensors, in their order: seeds stay stable
+    for name, p in model.state_dict().items():
+        if name.endswith("norm.weight"):
+            state[name] = torch.ones(p.shape)
+        elif name.endswith("bias"):
+            state[name] = torch.zeros(p.shape)
+        else:
+            state[name] = torch.randn(p.shape, generator=gen) * init_std
+    model.load_state_dict(state)
     return model.to(device=device, dtype=dtype).eval()
 
 

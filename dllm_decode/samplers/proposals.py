@@ -42,10 +42,11 @@ class ProposalMaker:
         #: (``Capabilities.reads_masked_only``) and the proposal is greedy torch reference
         #: work on the CPU: ``masked_rows`` may then pick the masked rows alone
         self.masked_only = False
-        #: the kernel implementation, resolved once here (not inside a compiled step)
-        self.impl = kernels.resolve_impl(cfg.impl, generator.device)
         self.mask_id = model.mask_token_id
         self.sampling = cfg.sampling or ("categorical" if family == "dream" else "gumbel")
+        #: the kernel implementation, resolved once here (not inside a compiled step); ``auto``
+        #: never resolves to a kernel that would refuse this sampling (categorical: torch)
+        self.impl = kernels.propose_impl(cfg.impl, generator.device, self.sampling)
         eos = tuple(getattr(model, "eos_token_ids", ()) or ())
         spec = getattr(model, "spec", None)
         self.eos = eos[0] if eos else None

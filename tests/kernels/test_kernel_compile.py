@@ -55,7 +55,8 @@ def _check(results: list[dict]) -> None:
 def test_core_variants_compile_for_sm90_and_sm80():
     _require_aot_api()
     results = _compile("--core")
-    assert {r["name"].split("/")[0] for r in results} == {"vocab", "attention", "kv_write"}
+    assert {r["name"].split("/")[0] for r in results} == {"vocab", "attention", "kv_write",
+                                                        "qkv_rope", "silu_mul"}
     _check(results)
 
 

@@ -46,6 +46,7 @@ def warns_self_check(match: str) -> Iterator[None]:
 @pytest.fixture
 def auto_is_triton(device, monkeypatch):
     monkeypatch.setattr(kernels, "_auto", lambda device_type: Impl.TRITON)
+    monkeypatch.setattr(kernels, "AUTO_ON_CUDA", {})  # every op Triton (also on a GPU)
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
     selfcheck.reset()
     yield
@@ -159,3 +160,20 @@ def test_only_the_interpreters_numpy_warnings_are_ignored() -> None:
     assert any(m.startswith("divide by zero encountered in log2") for m in messages)
     assert any("self-check" in m for m in messages)
     assert not any(from_interpreter(w) for w in seen)
+
+
+def test_auto_on_cuda_goes_per_op(monkeypatch) -> None:
+    """``AUTO_ON_CUDA``: attention and the cache scatter stay on torch, the layer ops and the
+    vocabulary pass go to Triton; categorical proposals never resolve to Triton under auto.
+    (Resolution only: nothing launches, so no GPU is needed.)"""
+    monkeypatch.setattr(kernels, "_auto", lambda device_type: Impl.TRITON)
+    monkeypatch.setattr(selfcheck, "passed", lambda *args, **kwargs: True)
+    monkeypatch.delenv(kernels.ENV_VAR, raising=False)
+    cuda = torch.device("cuda")
+    assert kernels.resolve_impl("auto", cuda, ops=("kv_write_", "block_attention")) is \
+        Impl.REFERENCE
+    assert kernels.resolve_impl("auto", cuda, ops=("qkv_rope", "silu_mul")) is Impl.TRITON
+    assert kernels.propose_impl("auto", cuda, "gumbel") is Impl.TRITON
+    assert kernels.propose_impl("auto", cuda, "categorical") is Impl.REFERENCE
+    monkeypatch.setattr(kernels, "_require_triton", lambda device: None)
+    assert kernels.propose_impl("triton", cuda, "categorical") is Impl.TRITON  # then raises

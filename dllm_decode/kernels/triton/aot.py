@@ -110,6 +110,26 @@ def variants() -> list[Variant]:
             out.append(Variant(f"kv_write/{dt}_pos{mode}_rope{rope}_D{head_dim}",
                                _kv_write_kernel, types, const, warps,
                                (("enable_fp_fusion", False),), core=rope == 2 and dt == "bf16"))
+
+    from dllm_decode.kernels.triton.layer import _qkv_rope_kernel, _silu_mul_kernel, layer_blocks
+
+    for name, dt, heads, kv_heads, head_dim, norm, write in (  # the fused layer ops (issue 33)
+            ("llada8b_bf16_write", "bf16", 32, 32, 128, False, True),
+            ("sdar8b_bf16_norm_write", "bf16", 32, 8, 128, True, True),
+            ("dream7b_fp16_norope_write", "fp16", 28, 4, 128, False, False),
+            ("fp32_D64_norm", "fp32", 4, 2, 64, True, False)):
+        block_h, block_half, warps = layer_blocks(heads + (2 if write else 1) * kv_heads,
+                                                  head_dim)
+        types = {"x_ptr": _PTR[dt], "cos_ptr": _PTR["fp32"], "sin_ptr": _PTR["fp32"],
+                 "qw_ptr": _PTR[dt], "kw_ptr": _PTR[dt], "kc_ptr": _PTR[dt], "vc_ptr": _PTR[dt],
+                 "slot_ptr": _PTR["i64"], "eps": "fp32"}
+        const = {"NORM": norm, "WRITE": write, "BLOCK_H": block_h, "BLOCK_HALF": block_half}
+        out.append(Variant(f"qkv_rope/{name}", _qkv_rope_kernel, types, const, warps,
+                           (("enable_fp_fusion", False),), core=name.startswith("sdar")))
+    for dt in ("bf16", "fp32"):
+        types = {"x_ptr": _PTR[dt], "out_ptr": _PTR[dt]}
+        out.append(Variant(f"silu_mul/{dt}", _silu_mul_kernel, types, {"BLOCK": 1024}, 4,
+                           core=dt == "bf16"))
     return out
 
 

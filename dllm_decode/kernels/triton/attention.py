@@ -18,6 +18,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dllm_decode.kernels.common import attention_blocks
+from dllm_decode.kernels.count import launch_range
 
 _LOG2E = 1.4426950408889634
 
@@ -169,25 +170,27 @@ def launch_block_attention(
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     lse_arg = lse if lse is not None else out
     grid = (b * h, triton.cdiv(q_len, block_m))
-    _block_attention_kernel[grid](
-        q, k_cache, v_cache, kn, vn, out, lse_arg,
-        kv_start, kv_end, q_start if q_start is not None else kv_start,
-        mask3 if mask3 is not None else kv_start, kv_mask if kv_mask is not None else kv_start,
-        scale * _LOG2E, h, h // h_kv, q_len, max_len, n_new, head_dim,
-        q.stride(0), q.stride(1), q.stride(2),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        kn.stride(0), kn.stride(1), kn.stride(2),
-        vn.stride(0), vn.stride(1), vn.stride(2),
-        out.stride(0), out.stride(1), out.stride(2),
-        lse_arg.stride(0) if lse is not None else 0, lse_arg.stride(1) if lse is not None else 0,
-        *mask_strides,
-        kv_mask.stride(0) if kv_mask is not None else 0,
-        HAS_NEW=has_new, HAS_Q_START=q_start is not None, HAS_NEW_MASK=mask3 is not None,
-        HAS_KV_MASK=kv_mask is not None, RETURN_LSE=lse is not None,
-        DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
-        BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps,
-    )
+    with launch_range("block_attention"):
+        _block_attention_kernel[grid](
+            q, k_cache, v_cache, kn, vn, out, lse_arg,
+            kv_start, kv_end, q_start if q_start is not None else kv_start,
+            mask3 if mask3 is not None else kv_start, kv_mask if kv_mask is not None else kv_start,
+            scale * _LOG2E, h, h // h_kv, q_len, max_len, n_new, head_dim,
+            q.stride(0), q.stride(1), q.stride(2),
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            kn.stride(0), kn.stride(1), kn.stride(2),
+            vn.stride(0), vn.stride(1), vn.stride(2),
+            out.stride(0), out.stride(1), out.stride(2),
+            lse_arg.stride(0) if lse is not None else 0,
+            lse_arg.stride(1) if lse is not None else 0,
+            *mask_strides,
+            kv_mask.stride(0) if kv_mask is not None else 0,
+            HAS_NEW=has_new, HAS_Q_START=q_start is not None, HAS_NEW_MASK=mask3 is not None,
+            HAS_KV_MASK=kv_mask is not None, RETURN_LSE=lse is not None,
+            DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
+            BLOCK_M=block_m, BLOCK_N=block_n, BLOCK_D=block_d, num_warps=num_warps,
+        )
 
 
 def block_attention(

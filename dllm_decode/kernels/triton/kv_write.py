@@ -13,6 +13,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dllm_decode.kernels.common import kv_write_blocks, rope_table
+from dllm_decode.kernels.count import launch_range
 
 #: how ``pos`` is given (constexpr ``POS_MODE``): shared int start, ``[B]`` starts, ``[B, Lq]``
 POS_SCALAR, POS_STARTS, POS_EXPLICIT = 0, 1, 2
@@ -107,15 +108,16 @@ def kv_write_(
         s_r = (0, cos_t.stride(0)) if by_slot else (cos_t.stride(0), cos_t.stride(1))
     block_t, block_d, num_warps = kv_write_blocks(n_new, head_dim)
     grid = (b * h_kv, triton.cdiv(n_new, block_t))
-    _kv_write_kernel[grid](
-        k_cache, v_cache, kn, vn, pos_t, cos_t, sin_t,
-        pos0, h_kv, n_new, max_len, head_dim,
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        kn.stride(0), kn.stride(1), kn.stride(2),
-        vn.stride(0), vn.stride(1), vn.stride(2),
-        *s_p, *s_r,
-        POS_MODE=mode, ROPE=rope, BLOCK_T=block_t, BLOCK_D=block_d,
-        num_warps=num_warps, enable_fp_fusion=False,
-    )
+    with launch_range("kv_write"):
+        _kv_write_kernel[grid](
+            k_cache, v_cache, kn, vn, pos_t, cos_t, sin_t,
+            pos0, h_kv, n_new, max_len, head_dim,
+            k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
+            v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
+            kn.stride(0), kn.stride(1), kn.stride(2),
+            vn.stride(0), vn.stride(1), vn.stride(2),
+            *s_p, *s_r,
+            POS_MODE=mode, ROPE=rope, BLOCK_T=block_t, BLOCK_D=block_d,
+            num_warps=num_warps, enable_fp_fusion=False,
+        )
 

@@ -19,6 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from dllm_decode.kernels.common import STAT_NAMES, rows_view, vocab_blocks
+from dllm_decode.kernels.count import launch_range
 
 #: noise sources of the sampling path (constexpr ``NOISE``)
 NOISE_OFF, NOISE_PHILOX, NOISE_TENSOR = 0, 1, 2
@@ -177,16 +178,17 @@ def launch_vocab(
     block_r, block_v, num_warps = vocab_blocks(n_rows, vocab, mode != NOISE_OFF)
     noise2d = noise.reshape(-1, vocab) if noise is not None else None
     grid = (triton.cdiv(n_rows, block_r),)
-    _vocab_kernel[grid](
-        x, active if active is not None else token, noise2d if noise2d is not None else out,
-        seed if seed is not None else token, token, sample, out,
-        n_rows, vocab, inner, s_o, s_i, s_v,
-        noise2d.stride(0) if noise2d is not None else 0,
-        noise2d.stride(1) if noise2d is not None else 0,
-        out.stride(0), float(temperature), int(offset),
-        HAS_ACTIVE=active is not None, STATS=stats, NOISE=mode,
-        BLOCK_R=block_r, BLOCK_V=block_v, num_warps=num_warps,
-    )
+    with launch_range("vocab"):
+        _vocab_kernel[grid](
+            x, active if active is not None else token, noise2d if noise2d is not None else out,
+            seed if seed is not None else token, token, sample, out,
+            n_rows, vocab, inner, s_o, s_i, s_v,
+            noise2d.stride(0) if noise2d is not None else 0,
+            noise2d.stride(1) if noise2d is not None else 0,
+            out.stride(0), float(temperature), int(offset),
+            HAS_ACTIVE=active is not None, STATS=stats, NOISE=mode,
+            BLOCK_R=block_r, BLOCK_V=block_v, num_warps=num_warps,
+        )
 
 
 def vocab_pass(
