@@ -186,7 +186,7 @@ def test_llada2_schedule_matches_the_reference_split() -> None:
     assert llada2_schedule(8, 3) == [3, 3, 2]
     assert llada2_schedule(4, 8) == [1, 1, 1, 1, 0, 0, 0, 0]
     assert llada2_schedule(32, 0) == []
-    rule = MinimalTopK(steps=4, minimal_topk=2, block_length=8, gen_length=4)
+    rule = MinimalTopK(block_steps=4, minimal_topk=2, block_length=8, gen_length=4)
     assert [rule.k(i) for i in range(3)] == [4, 4, 0]  # min(4, 4 // 2) = 2 steps of 4
     assert MinimalTopK(min_commit=3).k(7) == 3
 

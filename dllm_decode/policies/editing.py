@@ -46,6 +46,10 @@ LLADA21_MODES: Final[dict[str, dict[str, float]]] = {
 }
 
 
+#: LLaDA2's ``generate`` default steps per block
+LLADA2_STEPS: Final = 32
+
+
 def llada2_schedule(block_length: int, steps: int) -> list[int]:
     """LLaDA2's ``_get_num_transfer_tokens``: ``block_length`` split evenly over ``steps``, the
     remainder to the first steps (``[]`` for 0 steps)."""
@@ -62,13 +66,14 @@ class MinimalTopK:
 
     ``k`` is ``min_commit`` when given (LLaDA2.1's ``num_to_transfer``), else the LLaDA2.0
     schedule: entry ``state.block_step`` of ``llada2_schedule(block_length, steps')`` with
-    ``steps' = min(steps, gen_length // minimal_topk)`` (0 past its end). ``block_length`` and
-    ``gen_length`` come from the sampler at bind (``cfg.block_length``, else the model's block
-    size; ``cfg.gen_length``).
+    ``steps' = min(block_steps, gen_length // minimal_topk)`` (0 past its end).
+    ``block_steps``, ``block_length`` and ``gen_length`` come from the sampler at bind when
+    unset: ``cfg.steps`` (as in LLaDA2's ``generate``, the steps **per block**; ``None``: 32),
+    ``cfg.block_length`` (else the model's block size) and ``cfg.gen_length``.
     """
 
     threshold: float = 0.95
-    steps: int = 32
+    block_steps: int | None = None
     minimal_topk: int = 1
     min_commit: int | None = None
     block_length: int | None = None
@@ -78,16 +83,18 @@ class MinimalTopK:
     def __post_init__(self) -> None:
         check_fields(self, "MinimalTopK")
         check_range("MinimalTopK", "threshold", self.threshold, 0.0, 1.0)
-        for name in ("steps", "minimal_topk", "min_commit", "block_length", "gen_length"):
+        for name in ("block_steps", "minimal_topk", "min_commit", "block_length", "gen_length"):
             value = getattr(self, name)
             if value is not None:
                 check_range("MinimalTopK", name, value, 1)
 
     def bind(self, model: Any, cfg: Any = None) -> MinimalTopK:
-        """With ``block_length`` / ``gen_length`` taken from the config (or the model)."""
+        """With ``block_steps`` / ``block_length`` / ``gen_length`` taken from the config (or
+        the model) where unset."""
         block = self.block_length or getattr(cfg, "block_length", None) or getattr(
             model, "block_size", None) or getattr(cfg, "gen_length", None)
-        return replace(self, block_length=block,
+        steps = self.block_steps or getattr(cfg, "steps", None) or LLADA2_STEPS
+        return replace(self, block_length=block, block_steps=steps,
                        gen_length=self.gen_length or getattr(cfg, "gen_length", None))
 
     def k(self, block_step: int) -> int:
@@ -96,7 +103,8 @@ class MinimalTopK:
             return self.min_commit
         block = self.block_length or 1
         gen = self.gen_length or block
-        sched = llada2_schedule(block, min(self.steps, gen // self.minimal_topk))
+        steps = self.block_steps or LLADA2_STEPS
+        sched = llada2_schedule(block, min(steps, gen // self.minimal_topk))
         return sched[block_step] if block_step < len(sched) else 0
 
     def select(self, state: StepState) -> Tensor:
@@ -161,10 +169,11 @@ class TokenEditing:
         return Selection(sel.commit, tokens, sel.prob, edit)
 
 
-def llada2_policy(threshold: float = 0.95, steps: int = 32, minimal_topk: int = 1) -> Any:
+def llada2_policy(threshold: float = 0.95, minimal_topk: int = 1) -> MinimalTopK:
     """The ``llada2`` preset: LLaDA2.0's block threshold decoding (``MinimalTopK``; the
-    remote-code ``generate`` defaults: threshold 0.95, 32 steps per block, minimal_topk 1)."""
-    return MinimalTopK(threshold=threshold, steps=steps, minimal_topk=minimal_topk)
+    remote-code ``generate`` defaults: threshold 0.95, minimal_topk 1, and the sampler's
+    ``steps`` as steps per block, 32 when unset)."""
+    return MinimalTopK(threshold=threshold, minimal_topk=minimal_topk)
 
 
 def llada21_policy(mode: str = "quality", threshold: float | None = None,

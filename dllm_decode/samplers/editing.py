@@ -49,9 +49,11 @@ class EditTracker:
         self.post = self._false  # [B] this step is a post step of the row (no mask at start)
         self.rows = ~self._false  # [B] rows taking part in this step
 
-    def start_block(self) -> None:
-        """A new block: no post step taken, no row done."""
-        self.used, self.done = self._zeros, self._false
+    def start_block(self, block_masked: Tensor) -> None:
+        """A new block (``block_masked [B]``: whether each row's block has a mask): no post
+        step taken; a row whose block starts without a mask (its answer already ended, e.g.
+        at an EOS) takes no part in it."""
+        self.used, self.done = self._zeros, ~block_masked
 
     def begin_step(self, block_masked: Tensor) -> Tensor:
         """Before the step's sync: ``block_masked [B]`` whether each row's block has a mask.

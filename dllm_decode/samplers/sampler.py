@@ -28,6 +28,7 @@ from dllm_decode.samplers.step import (
     StepParts,
     bits_per_step,
     compile_step,
+    end_rows_at_eos,
     fill_after_eos,
     post_forward,
     step_progress,
@@ -162,7 +163,8 @@ class DiffusionSampler:
             return decode_groups(self.generate, prompt, valid_prompt, groups, on_step=on_step,
                                  **{k: v for k, v in overrides.items() if k != "seed"})
         b, p = prompt.shape
-        g = cfg.gen_length
+        # the decoded span: G, or (``decode_block_padding``, LLaDA2's quirk) up to a block end
+        g, g_out = sch.padded_gen_length(model, cfg, p), cfg.gen_length
         length = p + g
         device = prompt.device
         mask_id = model.mask_token_id
@@ -255,7 +257,7 @@ class DiffusionSampler:
                 budgets, positive = schedule_t.unbind(1), (schedule_t > 0).unbind(1)
             guard.start_block()
             if tracker is not None:
-                tracker.start_block()
+                tracker.start_block((canvas[:, bs:be] == mask_id).any(1))
             for i in range(n_iter):
                 masked = canvas == mask_id
                 model_canvas = canvas
@@ -370,6 +372,8 @@ class DiffusionSampler:
                 if on_step is not None:  # never with the fused step (``span_selector``)
                     on_step(state, commit)
                 step += 1
+            if cfg.block_eos_stop and model.eos_token_ids:  # rows with an EOS end here
+                canvas = end_rows_at_eos(canvas, mask_id, model.eos_token_ids, p, be, fill_id)
         guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
         nfe = (torch.stack(took_part, 1).sum(1) if took_part
                else torch.zeros(b, dtype=torch.long, device=device))
@@ -380,6 +384,9 @@ class DiffusionSampler:
         if tracker is not None:
             edits = (torch.stack(edit_log, 1) if edit_log
                      else torch.zeros(b, 0, g, dtype=torch.bool, device=device))
+        if g != g_out:  # decode_block_padding: the padding positions are cut
+            canvas, commit_at = canvas[:, :p + g_out], commit_at[:, :p + g_out]
+            lengths, edits = lengths.clamp(max=g_out), None if edits is None else edits[..., :g_out]
         return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
                           commit_step=commit_at[:, p:].clone(), bits=bits_t, lengths=lengths,
                           refreshed=refreshed_t, step_forwards=step_forwards, edits=edits)

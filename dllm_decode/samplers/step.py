@@ -262,3 +262,13 @@ def fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: in
     masked_before = ((gen == mask_id) & (idx[None] < first[:, None])).any(1)
     fill = (~masked_before)[:, None] & (idx[None] > first[:, None]) & (gen == mask_id)
     return torch.cat([canvas[:, :p], torch.where(fill, fill_id, gen)], dim=1)
+
+
+def end_rows_at_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int, end: int,
+                    fill_id: int) -> Tensor:
+    """After a block ending at ``end``: rows whose generated part ``[p, end)`` holds an EOS
+    stop (their masks past ``end`` become ``fill_id``; ``SamplerConfig.block_eos_stop``)."""
+    eos = torch.tensor(eos_ids, device=canvas.device)
+    hit = torch.isin(canvas[:, p:end], eos).any(1)
+    after = torch.arange(canvas.shape[1], device=canvas.device) >= end
+    return torch.where(hit[:, None] & after[None] & (canvas == mask_id), fill_id, canvas)

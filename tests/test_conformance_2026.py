@@ -1,0 +1,57 @@
+"""Conformance of the 2026 families' decoders: every recorded LLaDA2.0 / LLaDA2.1 ``generate``
+case (``../shared/conformance/llada2-tiny``) and LLaDA-MoE case (``llada-moe-tiny``, LLaDA's
+``generate``), token for token, NFE included. Skips when ``../shared`` is absent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_decode import DiffusionSampler, load_model
+from tests.conformance import (
+    CONFORMANCE,
+    cut_at_eos,
+    llada2_settings,
+    llada_settings,
+    load_cases,
+    require_shared,
+    tensors,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LLADA2 = load_cases("llada2-tiny")
+LLADA_MOE = load_cases("llada-moe-tiny")
+_MODELS: dict[str, object] = {}
+
+
+def _model(name: str, mask_id: int):
+    if name not in _MODELS:
+        _MODELS[name] = load_model(require_shared(CONFORMANCE / name), mask_token_id=mask_id)
+    return _MODELS[name]
+
+
+@pytest.mark.parametrize("case", LLADA2, ids=[c["name"] for c in LLADA2])
+def test_llada2_case(case: dict) -> None:
+    args = case["args"]
+    model = _model("llada2-tiny", args["mask_id"]).with_block_size(args["block_length"])
+    policy, params = llada2_settings(case, model)
+    prompt, mask = tensors(case)
+    out = DiffusionSampler(model, policy, debug=True, **params).generate(prompt, mask)
+    got = cut_at_eos(out.tokens, prompt.shape[1], args["gen_length"], args["eos_id"])
+    assert got == case["output_ids"][0], case["name"]
+    assert out.forwards == case["nfe"], case["name"]
+
+
+@pytest.mark.parametrize("case", LLADA_MOE, ids=[c["name"] for c in LLADA_MOE])
+def test_llada_moe_case(case: dict) -> None:
+    from dllm_decode.models.loading import ARCHITECTURES
+
+    if "LLaDAMoEModelLM" not in ARCHITECTURES:
+        pytest.skip("the LLaDA-MoE model is not in this build (models34 adds it)")
+    model = _model("llada-moe-tiny", case["args"]["mask_id"])
+    policy, params = llada_settings(case, model)
+    prompt, mask = tensors(case)
+    out = DiffusionSampler(model, policy, debug=True, **params).generate(prompt, mask)
+    assert torch.equal(out.tokens, torch.tensor(case["output_ids"])), case["name"]
+    assert out.forwards == case["nfe"], case["name"]
