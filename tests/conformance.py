@@ -233,3 +233,51 @@ def cut_at_eos(tokens: torch.Tensor, p: int, g: int, eos: int) -> list[int]:
     if eos in answer:
         answer = answer[:answer.index(eos) + 1]
     return tokens[0, :p].tolist() + answer
+
+
+#: Fast-dLLM v2 ``batch_sample`` / ``generate`` keyword arguments this harness maps
+FDV2_ARGS: Final = frozenset({
+    "block_size", "small_block_size", "max_new_tokens", "threshold", "mask_id", "stop_token",
+    "min_len", "seq_len", "tokenizer.pad_token_id", "temperature", "top_p", "use_block_cache",
+})
+FDV2_TOP: Final = INFO | EXPECTED | INPUTS | {"args", "input_ids_passed", "input_note"}
+
+
+def fastdllm2_settings(case: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
+    """(policy, sampler kwargs, stop token) reproducing a Fast-dLLM v2 case with the
+    ``fastdllm_v2`` preset: the canvas the reference builds (the prompt's blocks plus
+    ``max_new_tokens // block_size`` blocks, plus the next block's AR token when the last
+    block completes) and its stop rule (``batch_sample``: a row stops after the block in which
+    it committed the stop token, ``block_eos_stop``; ``generate``: as soon as the stop token
+    has nothing masked before it, ``stop_at_eos``). The model's EOS must be the case's stop
+    token. Raises ``UnmappedCaseField`` on anything else (``use_block_cache``, batched
+    sampling: not reproduced)."""
+    _only(case, FDV2_TOP, "case", case)
+    a = case["args"]
+    _only(a, FDV2_ARGS, "args", case)
+    if a.get("use_block_cache"):
+        raise UnmappedCaseField(f"{case['name']}: use_block_cache is not reproduced")
+    if a.get("temperature"):
+        raise UnmappedCaseField(f"{case['name']}: seeded top-p sampling is not reproduced")
+    k = a["block_size"]
+    p = len(case["prompt_ids"][0])
+    if len(case["prompt_ids"]) != 1 or (a.get("seq_len") and len(a["seq_len"]) != 1):
+        raise UnmappedCaseField(f"{case['name']}: batched Fast-dLLM v2 cases are not mapped")
+    if a.get("min_len", p) != p:
+        raise UnmappedCaseField(f"{case['name']}: min_len != prompt length")
+    gen = (p // k + a["max_new_tokens"] // k) * k + 1 - p
+    sample = case["reference_function"] == "batch_sample"
+    params: dict[str, Any] = dict(
+        gen_length=gen, threshold=a["threshold"], small_block_size=a["small_block_size"],
+        temperature=a.get("temperature") or 0.0, top_p=a.get("top_p"), seed=case["seed"],
+        rng="reference", block_eos_stop=sample, stop_at_eos=not sample)
+    return "fastdllm_v2", params, a["stop_token"]
+
+
+def fastdllm2_forwards(case: dict[str, Any]) -> int:
+    """The reference's forwards that the library's block-causal plan merges into its first
+    step: the separate prefill of the prompt's full blocks when the prompt is longer than a
+    block and not block-aligned (aligned, that prefill also yields the first AR token, which
+    the library spends a step on)."""
+    k, p = case["args"]["block_size"], len(case["prompt_ids"][0])
+    return int(p > k and p % k != 0)

@@ -10,7 +10,10 @@ import torch
 from dllm_decode import DiffusionSampler, load_model
 from tests.conformance import (
     CONFORMANCE,
+    UnmappedCaseField,
     cut_at_eos,
+    fastdllm2_forwards,
+    fastdllm2_settings,
     llada2_settings,
     llada_settings,
     load_cases,
@@ -55,3 +58,37 @@ def test_llada_moe_case(case: dict) -> None:
     out = DiffusionSampler(model, policy, debug=True, **params).generate(prompt, mask)
     assert torch.equal(out.tokens, torch.tensor(case["output_ids"])), case["name"]
     assert out.forwards == case["nfe"], case["name"]
+
+
+FDV2 = load_cases("fastdllm2-tiny")
+
+
+class _StopAs:
+    """The model with the case's stop token as its EOS (the reference's ``stop_token``)."""
+
+    def __init__(self, model, stop: int) -> None:
+        self._model, self.eos_token_ids = model, (stop,)
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._model(*args, **kwargs)
+
+
+@pytest.mark.parametrize("case", FDV2, ids=[c["name"] for c in FDV2])
+def test_fastdllm2_case(case: dict) -> None:
+    try:
+        policy, params, stop = fastdllm2_settings(case)
+    except UnmappedCaseField as err:
+        pytest.skip(f"not reproduced: {err}")
+    args = case["args"]
+    base = _model("fastdllm2-tiny", args["mask_id"]).with_block_size(args["block_size"])
+    model = _StopAs(base, stop)
+    prompt, _ = tensors(case)
+    out = DiffusionSampler(model, policy, debug=True, **params).generate(prompt)
+    p = prompt.shape[1]
+    got = cut_at_eos(out.tokens, p, out.tokens.shape[1] - p, stop)
+    want = cut_at_eos(torch.tensor(case["output_ids"]), p, len(case["output_ids"][0]) - p, stop)
+    assert got == want, case["name"]
+    assert out.forwards + fastdllm2_forwards(case) == case["nfe"], case["name"]
