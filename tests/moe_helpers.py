@@ -36,6 +36,24 @@ def tiny_moe_config(family: str, **overrides: Any) -> dict[str, Any]:
             "intermediate_size": 64, "bd_size": 4, "rope_theta": 1e6,
             "num_hidden_layers": 2, "use_sliding_window": False,
         }
+    elif family == "lladamoe":
+        cfg = common | {
+            "architectures": ["LLaDAMoEModelLM"], "model_type": "llada",
+            "dense_intermediate_size": 64, "expert_intermediate_size": 16, "num_experts": 8,
+            "num_experts_per_tok": 2, "moe_layer_freq": [0, 1, 1], "qk_layernorm": True,
+            "rope_theta": 50000.0, "partial_rotary_factor": 1.0, "attention_bias": False,
+            "norm_topk_prob": False, "moe_router_enable_expert_bias": False,
+            "shared_expert_intermediate_size": None, "num_key_value_heads": 4,
+        }
+        del cfg["head_dim"]
+    elif family == "sdarmoe":
+        cfg = common | {
+            "architectures": ["SDARMoeForCausalLM"], "model_type": "sdar_moe",
+            "intermediate_size": 64, "moe_intermediate_size": 16, "num_experts": 8,
+            "num_experts_per_tok": 2, "decoder_sparse_step": 1, "mlp_only_layers": [0],
+            "norm_topk_prob": True, "block_size": 4, "rope_theta": 1e6,
+            "attention_bias": False,
+        }
     else:
         raise ValueError(family)
     cfg.update(overrides)

@@ -45,6 +45,7 @@ from dllm_decode.models.hub import (
 )
 from dllm_decode.models.llada import LLaDAModel, llada_config, llada_spec
 from dllm_decode.models.llada2 import LLaDA2MoEModel, llada2_config, llada2_spec
+from dllm_decode.models.llada_moe import LLaDAMoEModel, llada_moe_config, llada_moe_spec
 from dllm_decode.models.moe_decoder import MoEDecoderLM
 from dllm_decode.models.placement import (
     check_dtype_runs,
@@ -54,6 +55,7 @@ from dllm_decode.models.placement import (
     resolve_device,
     resolve_dtype,
 )
+from dllm_decode.models.sdar_moe import SDARMoEModel, sdar_moe_config, sdar_moe_spec
 from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_names
 from dllm_decode.models.weights import check_finite as check_tensor_finite
 
@@ -66,16 +68,21 @@ FAMILIES: dict[str, tuple[type[DecoderLM], Callable[[dict], ModelSpec], Callable
     "sdar": (BlockDiffusionModel, sdar_spec, sdar_config),
     "llada2_moe": (LLaDA2MoEModel, llada2_spec, llada2_config),
     "fast_dllm_qwen": (FastDLLMv2Model, fastdllm2_spec, fastdllm2_config),
+    "lladamoe": (LLaDAMoEModel, llada_moe_spec, llada_moe_config),
+    "sdar_moe": (SDARMoEModel, sdar_moe_spec, sdar_moe_config),
 }
 #: ``architectures[0]`` -> ``FAMILIES`` key, read before ``model_type`` (LLaDA-MoE's released
 #: config says ``model_type: "llada"`` like dense LLaDA; only its architecture tells them apart)
 ARCHITECTURES: dict[str, str] = {
     "LLaDA2MoeModelLM": "llada2_moe",
     "Fast_dLLM_QwenForCausalLM": "fast_dllm_qwen",
+    "LLaDAMoEModelLM": "lladamoe",
+    "LLaDAMoEModel": "lladamoe",
+    "SDARMoeForCausalLM": "sdar_moe",
 }
 #: families whose released config.json lacks the mask id: ``generation_config.json``'s
 #: ``mask_token_id`` is read too (before the family's released default)
-GENERATION_IDS = frozenset({"llada2_moe", "fast_dllm_qwen"})
+GENERATION_IDS = frozenset({"llada2_moe", "fast_dllm_qwen", "lladamoe", "sdar_moe"})
 
 
 def bundled_models() -> list[str]:
@@ -368,7 +375,7 @@ def register_auto_config() -> None:
     """Register the families' config classes with ``transformers.AutoConfig``."""
     from transformers import AutoConfig, PretrainedConfig
 
-    for model_type in ("llada", "Dream", "sdar", "llada2_moe", "Fast_dLLM_Qwen"):
+    for model_type in ("llada", "Dream", "sdar", "llada2_moe", "Fast_dLLM_Qwen", "sdar_moe"):
         name = re.sub(r"\W", "", model_type.capitalize()) + "DecodeConfig"
         cls = type(name, (PretrainedConfig,), {"model_type": model_type})
         try:

@@ -244,6 +244,29 @@ class MoEDecoderLM(DecoderLM):
                 for name, (internal, e) in self.checkpoint_layout().items()}
 
 
+_L = r"layers\.(\d+)\."
+_M = "model.layers.{}."
+
+#: Qwen-MoE / OLMoE-style names (LLaDA-MoE, SDAR-MoE); the shared expert, when a family has
+#: one, sits on the decoder layer (``model.layers.{i}.shared_expert``)
+QWEN_MOE_NAMES = (
+    (r"embed\.weight", "model.embed_tokens.weight"),
+    (_L + r"attn_norm\.weight", _M + "input_layernorm.weight"),
+    (_L + r"attn\.(q|k|v|o)_proj\.(weight|bias)", _M + "self_attn.{}_proj.{}"),
+    (_L + r"attn\.(q|k)_norm\.weight", _M + "self_attn.{}_norm.weight"),
+    (_L + r"mlp_norm\.weight", _M + "post_attention_layernorm.weight"),
+    (_L + r"mlp\.(gate|up|down)_proj\.weight", _M + "mlp.{}_proj.weight"),
+    (_L + r"mlp\.gate\.weight", _M + "mlp.gate.weight"),
+    (_L + r"mlp\.shared\.(gate|up|down)_proj\.weight", _M + "shared_expert.{}_proj.weight"),
+    (r"norm\.weight", "model.norm.weight"),
+    (r"head\.weight", "lm_head.weight"),
+)
+QWEN_MOE_EXPERT_NAMES = (
+    (_L + r"mlp\.experts\.(gate|up|down)_proj",
+     "model.layers.{0}.mlp.experts.{2}.{1}_proj.weight"),
+)
+
+
 def _checkpoint_name(names: tuple[tuple[str, str], ...], internal: str) -> str:
     for pattern, template in names:
         m = re.fullmatch(pattern, internal)

@@ -1,8 +1,9 @@
 """Mixture-of-experts feed-forward blocks: routers, a readable per-expert reference and a
 grouped path.
 
-Three router conventions are implemented, each as its reference does it (router logits in
-fp32 from the fp32-cast hidden state and gate weight):
+Three router conventions are implemented, each as its reference does it (router logits from
+the fp32-cast hidden state and gate weight, or in the model dtype for Qwen3-MoE; scores in
+fp32):
 
 * ``sigmoid`` with group-limited top-k (LLaDA2 / Ling-2.0 ``BailingMoeV2``, after
   DeepSeek-V3): scores ``sigmoid(logits)``; ``expert_bias`` is added **for selection only**;
@@ -29,6 +30,7 @@ rounding (``tests/test_moe.py``: atol 1e-5 in fp32).
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -53,6 +55,9 @@ class MoESpec:
     topk_group: int = 1
     expert_bias: bool = False
     shared_intermediate_size: int | None = None
+    #: router logits from the fp32-cast input and gate weight (LLaDA2, LLaDA-MoE); False: in
+    #: the model's dtype, then scored in fp32 (Qwen3-MoE / SDAR-MoE)
+    fp32_logits: bool = True
 
     def __post_init__(self) -> None:
         if not 1 <= self.top_k <= self.num_experts:
@@ -140,8 +145,10 @@ class Experts(nn.Module):
         token = order // k
         h = x.index_select(0, token)  # [A, H]
         if _grouped_mm_ok(x, self.gate_proj):
-            counts = torch.bincount(flat, minlength=self.gate_proj.shape[0])
-            offs = counts.cumsum(0).to(torch.int32)
+            # per-expert counts without bincount (which syncs on CUDA to size its output)
+            counts = torch.zeros(self.gate_proj.shape[0], dtype=torch.int32, device=x.device)
+            counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
+            offs = counts.cumsum(0, dtype=torch.int32)
             gate = torch._grouped_mm(h, self.gate_proj.transpose(1, 2), offs=offs)
             up = torch._grouped_mm(h, self.up_proj.transpose(1, 2), offs=offs)
             y = torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
@@ -171,8 +178,13 @@ def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
     if any(s * x.element_size() % 16 for s in w.shape[1:]):
         return False
     if x.device.type == "cuda":
-        return x.dtype is torch.bfloat16 and torch.cuda.get_device_capability(x.device)[0] >= 9
+        return x.dtype is torch.bfloat16 and _sm_major(x.device.index) >= 9
     return x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
+
+
+@functools.cache
+def _sm_major(index: int | None) -> int:
+    return torch.cuda.get_device_capability(index)[0]
 
 
 class Router(nn.Module):
@@ -190,7 +202,10 @@ class Router(nn.Module):
 
     def forward(self, x: Tensor) -> tuple[Tensor, Tensor]:
         """x ``[T, H]`` -> (ids ``[T, k]``, fp32 weights ``[T, k]``); logits in fp32."""
-        logits = F.linear(x.float(), self.weight.float())
+        if self.spec.fp32_logits:
+            logits = F.linear(x.float(), self.weight.float())
+        else:
+            logits = F.linear(x, self.weight)
         return route(logits, self.spec, self.expert_bias)
 
 
