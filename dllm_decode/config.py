@@ -56,6 +56,9 @@ class SamplerConfig:
             T = 0, only EoT at T > 0).
         stop_at_eos: once a row has a committed EOS with nothing masked before it, fill the
             masks after it with EOS and stop that row (dInfer-style early stop).
+        eos_stop_on_commit: with ``stop_at_eos``, a row is checked only at a step that commits
+            an EOS (LLaDA2.0's ``eos_early_stop``; by default every step checks, so a row also
+            stops when the masks before an earlier EOS get committed).
         block_eos_stop: after each block, a row whose generated part so far holds an EOS stops
             (its later masks become EOS, no more forwards), as LLaDA2.0's ``generate`` does
             after every block (LLaDA2.1's with ``eos_early_stop``).
@@ -100,6 +103,7 @@ class SamplerConfig:
     confidence_eos_eot_inf: bool = False
     eos_eot_reference_asymmetry: bool = True
     stop_at_eos: bool = False
+    eos_stop_on_commit: bool = False
     block_eos_stop: bool = False
     decode_block_padding: bool = False
     rng: str = "compact"

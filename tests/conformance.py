@@ -218,7 +218,8 @@ def llada2_settings(case: dict[str, Any], model: Any = None) -> tuple[str, dict[
         gen_length=a["gen_length"], block_length=a["block_length"],
         temperature=a.get("temperature") or 0.0, top_k=a.get("top_k"), top_p=a.get("top_p"),
         seed=case["seed"], rng="reference", sampling="llada2", decode_block_padding=True,
-        block_eos_stop=v20 or early, stop_at_eos=v20 and early, threshold=a["threshold"])
+        block_eos_stop=v20 or early, stop_at_eos=v20 and early, eos_stop_on_commit=v20 and early,
+        threshold=a["threshold"])
     if v20:
         return "llada2", params | {"steps": a["steps"], "minimal_topk": a["minimal_topk"]}
     return "llada21", params | {"editing_threshold": a["editing_threshold"],

@@ -212,3 +212,46 @@ def _state(prob: Tensor, eligible: Tensor) -> StepState:
                      fresh=eligible, canvas=tokens, step=0, block=0, block_start=0,
                      block_end=4, gen_start=0, steps_left=None, budget=None, progress=0.0,
                      generator=None, forward_start=0, forward_width=4)
+
+
+def test_decode_block_padding_is_an_explicit_option() -> None:
+    """LLaDA2's padding-block quirk: off by default (exactly G positions decoded); on, the
+    last block is decoded in full and cut back to P + G."""
+    model = MODELS["sdar"]  # block-causal, blocks of 4
+    prompt = _prompt(2, 5)  # P + G = 13: the last block [12, 16) holds 3 padding positions
+    plain = DiffusionSampler(model, "llada2", gen_length=8, steps=4).generate(prompt)
+    padded = DiffusionSampler(model, "llada2", gen_length=8, steps=4,
+                              decode_block_padding=True).generate(prompt)
+    for out in (plain, padded):
+        assert out.tokens.shape == (2, 13) and out.commit_step.shape == (2, 8)
+        assert not (out.answer == MASK).any()
+    # the padded run decodes 3 more positions in its last block: the first 7 agree
+    assert torch.equal(plain.answer[:, :7], padded.answer[:, :7])
+
+
+class _AlwaysEos(Flipping):
+    def forward(self, tokens: Tensor, positions: Tensor, **kw: Any) -> Tensor:
+        logits = self._model.forward(tokens, positions, **kw)
+        logits[..., EOS] = 60.0
+        return logits
+
+    __call__ = forward
+
+
+def test_block_eos_stop_ends_rows_after_the_block() -> None:
+    model = _AlwaysEos(MODELS["llada"])
+    out = DiffusionSampler(model, "threshold", gen_length=8, block_length=4,
+                           block_eos_stop=True).generate(_prompt(1, 3))
+    assert (out.answer == EOS).all() and out.forwards == 1  # the second block is never run
+
+
+def test_eos_stop_on_commit_checks_only_steps_that_commit_an_eos() -> None:
+    from dllm_decode.samplers.step import fill_after_eos
+
+    canvas = torch.tensor([[1, 2, MASK, EOS, MASK]])
+    commit_at = torch.tensor([[-1, 1, -1, 0, -1]])
+    canvas[0, 2] = 5  # step 1 committed the position before the EOS (committed at step 0)
+    commit_at[0, 2] = 1
+    default = fill_after_eos(canvas, MASK, (EOS,), 1, EOS)
+    strict = fill_after_eos(canvas, MASK, (EOS,), 1, EOS, committed_at=1, commit_at=commit_at)
+    assert default[0, 4] == EOS and strict[0, 4] == MASK

@@ -368,7 +368,9 @@ class DiffusionSampler:
                 refreshed.append(step_refreshed)
                 took_part.append(active)
                 if cfg.stop_at_eos and model.eos_token_ids:
-                    canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id)
+                    canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id,
+                                            committed_at=step if cfg.eos_stop_on_commit
+                                            else None, commit_at=commit_at)
                 if on_step is not None:  # never with the fused step (``span_selector``)
                     on_step(state, commit)
                 step += 1

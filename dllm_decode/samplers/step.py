@@ -253,14 +253,22 @@ def step_progress(value: float, compiled: bool | str, device: torch.device) -> f
 
 
 def fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,
-                   fill_id: int) -> Tensor:
-    """Rows with a committed EOS and nothing masked before it: masks after it become EOS."""
+                   fill_id: int, *, committed_at: int | None = None,
+                   commit_at: Tensor | None = None) -> Tensor:
+    """Rows with a committed EOS and nothing masked before it: masks after it become EOS.
+    With ``committed_at`` (a step) only rows that committed an EOS at that step
+    (``commit_at [B, L]``: each position's commit step) are checked (LLaDA2.0's
+    ``eos_early_stop``)."""
     gen = canvas[:, p:]
     is_eos = torch.isin(gen, torch.tensor(eos_ids, device=canvas.device))
+    now = None
+    if committed_at is not None and commit_at is not None:
+        now = (is_eos & (commit_at[:, p:] == committed_at)).any(1)
     idx = torch.arange(gen.shape[1], device=canvas.device)
     first = torch.where(is_eos, idx, gen.shape[1]).min(1).values
     masked_before = ((gen == mask_id) & (idx[None] < first[:, None])).any(1)
-    fill = (~masked_before)[:, None] & (idx[None] > first[:, None]) & (gen == mask_id)
+    stop = ~masked_before if now is None else ~masked_before & now
+    fill = stop[:, None] & (idx[None] > first[:, None]) & (gen == mask_id)
     return torch.cat([canvas[:, :p], torch.where(fill, fill_id, gen)], dim=1)
 
 
