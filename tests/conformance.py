@@ -251,15 +251,13 @@ def fastdllm2_settings(case: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
     block completes) and its stop rule (``batch_sample``: a row stops after the block in which
     it committed the stop token, ``block_eos_stop``; ``generate``: as soon as the stop token
     has nothing masked before it, ``stop_at_eos``). The model's EOS must be the case's stop
-    token. Raises ``UnmappedCaseField`` on anything else (``use_block_cache``, batched
-    sampling: not reproduced)."""
+    token; seeded cases sample as the reference (``mask_in_softmax``). Raises
+    ``UnmappedCaseField`` on anything else (``use_block_cache``, batches: not reproduced)."""
     _only(case, FDV2_TOP, "case", case)
     a = case["args"]
     _only(a, FDV2_ARGS, "args", case)
     if a.get("use_block_cache"):
         raise UnmappedCaseField(f"{case['name']}: use_block_cache is not reproduced")
-    if a.get("temperature"):
-        raise UnmappedCaseField(f"{case['name']}: seeded top-p sampling is not reproduced")
     k = a["block_size"]
     p = len(case["prompt_ids"][0])
     if len(case["prompt_ids"]) != 1 or (a.get("seq_len") and len(a["seq_len"]) != 1):
@@ -271,7 +269,8 @@ def fastdllm2_settings(case: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
     params: dict[str, Any] = dict(
         gen_length=gen, threshold=a["threshold"], small_block_size=a["small_block_size"],
         temperature=a.get("temperature") or 0.0, top_p=a.get("top_p"), seed=case["seed"],
-        rng="reference", block_eos_stop=sample, stop_at_eos=not sample)
+        rng="reference", block_eos_stop=sample, stop_at_eos=not sample,
+        mask_in_softmax=bool(a.get("temperature")))
     return "fastdllm_v2", params, a["stop_token"]
 
 
