@@ -62,6 +62,10 @@ class SamplerConfig:
         block_eos_stop: after each block, a row whose generated part so far holds an EOS stops
             (its later masks become EOS, no more forwards), as LLaDA2.0's ``generate`` does
             after every block (LLaDA2.1's with ``eos_early_stop``).
+        eos_skip_block_start: with ``block_eos_stop`` on a block-diffusion model, an EOS at a
+            block's first position does not stop the row. **A reference quirk, off by
+            default**: Fast-dLLM v2's ``batch_sample`` never checks the token its cache forward
+            appends at a block boundary against the stop token, so it decodes on past it.
         decode_block_padding: block-diffusion models whose last block ends past the answer
             (``P + G`` not a multiple of the block size) decode that block in full and cut
             the canvas back to ``P + G`` afterwards. **A reference quirk, off by default**:
@@ -105,6 +109,7 @@ class SamplerConfig:
     stop_at_eos: bool = False
     eos_stop_on_commit: bool = False
     block_eos_stop: bool = False
+    eos_skip_block_start: bool = False
     decode_block_padding: bool = False
     rng: str = "compact"
     allow_prompt_masks: bool = False

@@ -215,7 +215,9 @@ def llada2_settings(case: dict[str, Any], model: Any = None) -> tuple[str, dict[
         raise UnmappedCaseField(f"{case['name']}: LLaDA2.0 has no editing arguments")
     early = bool(a.get("eos_early_stop"))
     params: dict[str, Any] = dict(
-        gen_length=a["gen_length"], block_length=a["block_length"],
+        # the block is the model's (``with_block_size(block_length)``): gen_length need not be
+        # a multiple of it, as in the reference
+        gen_length=a["gen_length"], block_length=None,
         temperature=a.get("temperature") or 0.0, top_k=a.get("top_k"), top_p=a.get("top_p"),
         seed=case["seed"], rng="reference", sampling="llada2", decode_block_padding=True,
         block_eos_stop=v20 or early, stop_at_eos=v20 and early, eos_stop_on_commit=v20 and early,
@@ -276,6 +278,7 @@ def fastdllm2_settings(case: dict[str, Any], row: int | None = None
         gen_length=gen, threshold=a["threshold"], small_block_size=a["small_block_size"],
         temperature=a.get("temperature") or 0.0, top_p=a.get("top_p"), seed=case["seed"],
         rng="reference", block_eos_stop=sample, stop_at_eos=not sample,
+        eos_skip_block_start=sample,
         mask_in_softmax=bool(a.get("temperature")))
     return "fastdllm_v2", params, a["stop_token"]
 

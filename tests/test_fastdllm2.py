@@ -52,3 +52,12 @@ def test_fastdllm_v2_decodes_tiny_block_model(temperature: float) -> None:
     assert torch.equal(alone.answer[0], out.answer[1])
     default = DiffusionSampler(model, "fastdllm_v2", gen_length=11).generate(prompt)
     assert not (default.answer == MASK).any()
+
+
+def test_eos_at_a_block_start_is_skipped_only_with_the_quirk() -> None:
+    from dllm_decode.samplers.step import end_rows_at_eos
+
+    canvas = torch.tensor([[1, 2, 3, 4, EOS, 5, 6, 7, MASK, MASK]])  # EOS at block start 4
+    stopped = end_rows_at_eos(canvas, MASK, (EOS,), 2, 8, EOS)
+    quirk = end_rows_at_eos(canvas, MASK, (EOS,), 2, 8, EOS, skip_every=4)
+    assert stopped[0, 8:].tolist() == [EOS, EOS] and quirk[0, 8:].tolist() == [MASK, MASK]

@@ -16,6 +16,14 @@
 * ``TokenEditing`` wraps any selector (``edit`` preset: ``base="threshold"`` by default), so
   editing composes with the existing rules on any mask model.
 
+Reference quirks, reproduced only behind options that are off by default (the conformance
+harness turns them on): LLaDA2's canvas is rounded up to whole blocks and the padding positions
+of its last block are decoded too, costing steps (``SamplerConfig.decode_block_padding``);
+LLaDA2.0 stops after any block that holds an EOS (``block_eos_stop``), and its
+``eos_early_stop`` checks only steps that commit an EOS (``eos_stop_on_commit``). LLaDA2.1's
+edits can oscillate between two tokens: the reference's own ``max_post_steps`` bound, kept
+here, is what ends such a block.
+
 Deviations from the references (every recorded case still matches): the mask token is never a
 candidate (its logit is -inf before scoring; the references keep it in the softmax); rows of a
 batch are independent (the references decode one row); ties go to the lower index.

@@ -22,7 +22,7 @@ blocks in a separate prefill forward (one more forward when the prompt is longer
 and not block-aligned) where the block-causal plan computes them in the first step's forward;
 ``use_block_cache`` (sub-block-only forwards reusing the block's K/V) is not provided;
 ``batch_sample`` never checks a block's AR token against the stop token (a bug: here an EOS
-there stops the row like any other, ``block_eos_stop``).
+there stops the row like any other, ``block_eos_stop``; ``eos_skip_block_start`` reproduces it).
 """
 
 from __future__ import annotations

@@ -376,7 +376,9 @@ class DiffusionSampler:
                     on_step(state, commit)
                 step += 1
             if cfg.block_eos_stop and model.eos_token_ids:  # rows with an EOS end here
-                canvas = end_rows_at_eos(canvas, mask_id, model.eos_token_ids, p, be, fill_id)
+                canvas = end_rows_at_eos(canvas, mask_id, model.eos_token_ids, p, be, fill_id,
+                                         getattr(model, "block_size", None)
+                                         if cfg.eos_skip_block_start else None)
         guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
         nfe = (torch.stack(took_part, 1).sum(1) if took_part
                else torch.zeros(b, dtype=torch.long, device=device))

@@ -273,10 +273,15 @@ def fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: in
 
 
 def end_rows_at_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int, end: int,
-                    fill_id: int) -> Tensor:
+                    fill_id: int, skip_every: int | None = None) -> Tensor:
     """After a block ending at ``end``: rows whose generated part ``[p, end)`` holds an EOS
-    stop (their masks past ``end`` become ``fill_id``; ``SamplerConfig.block_eos_stop``)."""
+    stop (their masks past ``end`` become ``fill_id``; ``SamplerConfig.block_eos_stop``).
+    ``skip_every``: EOS tokens at multiples of it (block starts) do not count
+    (``eos_skip_block_start``)."""
     eos = torch.tensor(eos_ids, device=canvas.device)
-    hit = torch.isin(canvas[:, p:end], eos).any(1)
+    found = torch.isin(canvas[:, p:end], eos)
+    if skip_every:
+        found = found & (torch.arange(p, end, device=canvas.device) % skip_every != 0)
+    hit = found.any(1)
     after = torch.arange(canvas.shape[1], device=canvas.device) >= end
     return torch.where(hit[:, None] & after[None] & (canvas == mask_id), fill_id, canvas)
