@@ -43,6 +43,13 @@ class ProposalMaker:
         #: work on the CPU: ``masked_rows`` may then pick the masked rows alone
         self.masked_only = False
         self.mask_id = model.mask_token_id
+        self.block_size = getattr(model, "block_size", None)
+        #: the selector samples its own tokens (``Capabilities.samples_tokens``): proposals stay
+        #: greedy and draw nothing
+        self.greedy = False
+        #: with ``greedy``: the mask token's raw logits ``[B, R]`` of the last proposal (before
+        #: ``propose`` removes the column), for ``StepState.mask_logit``
+        self.mask_logit: Tensor | None = None
         self.sampling = cfg.sampling or ("categorical" if family == "dream" else "gumbel")
         #: the kernel implementation, resolved once here (not inside a compiled step); ``auto``
         #: never resolves to a kernel that would refuse this sampling (categorical: torch)
@@ -67,12 +74,13 @@ class ProposalMaker:
         cfg = self.cfg
         self._edit(logits)
         noise = None
-        if cfg.temperature > 0 and cfg.rng == "reference":
+        temperature = 0.0 if self.greedy else cfg.temperature
+        if temperature > 0 and cfg.rng == "reference":
             noise = self._reference_noise(logits, fed, rows, masked, n_masked)
         # the torch reference directly when that is the resolved impl (no dispatch per step)
         propose = reference.propose if self.impl is Impl.REFERENCE else functools.partial(
             kernels.propose, impl=self.impl)
-        prop = propose(logits, temperature=cfg.temperature, sampling=self.sampling,
+        prop = propose(logits, temperature=temperature, sampling=self.sampling,
                        top_p=cfg.top_p, top_k=cfg.top_k, noise=noise, generator=self.generator,
                        fields=self.fields)
         if cfg.confidence_eos_eot_inf and self.sampling == "gumbel":
@@ -81,6 +89,8 @@ class ProposalMaker:
 
     def _edit(self, logits: Tensor) -> None:
         removed = self._removed
+        if self.greedy:
+            self.mask_logit = logits[..., self.mask_id].clone()
         if removed.device != logits.device:
             removed = removed.to(logits.device)
         logits.index_fill_(-1, removed, -torch.inf)
@@ -138,8 +148,9 @@ class ProposalMaker:
         z[..., self.mask_id] = -torch.inf
         if cfg.logits_eos_inf:
             z[..., self.eos] = -torch.inf
-        if self.sampling == "categorical":
-            z = filter_logits(z, cfg.temperature, cfg.top_p, cfg.top_k)
+        if self.sampling in ("categorical", "llada2"):
+            z = filter_logits(z, cfg.temperature, cfg.top_p, cfg.top_k,
+                              k_first=self.sampling == "llada2")
         elif cfg.temperature > 0:
             z = z / cfg.temperature
         return torch.softmax(z, dim=-1)
@@ -158,6 +169,8 @@ class ProposalMaker:
                 torch.rand(shape, dtype=torch.float64, generator=gen, device=logits.device)
             u = torch.rand(shape, dtype=torch.float64, generator=gen, device=logits.device)
             return u[:, rows - fed.fed_start]
+        if self.sampling == "llada2":
+            return self._block_noise(logits, fed)
         if self.after_select:  # origin: tokens are drawn after the reveal (resample_committed)
             return torch.ones_like(logits, dtype=torch.float32)
         at = masked[:, rows]
@@ -166,6 +179,24 @@ class ProposalMaker:
                              "position scored in the same forward (Dream's single block)")
         noise = torch.ones(b, rows.numel(), v, device=logits.device)
         noise[at] = torch.empty(n_masked, v, device=logits.device).exponential_(1, generator=gen)
+        return noise
+
+    def _block_noise(self, logits: Tensor, fed: Fed) -> Tensor:
+        """LLaDA2 (``rng="reference"``): one ``multinomial(probs [K, V], 1)`` per forward over
+        the ``K`` rows of the current aligned block, which ends at the fed span's end (prompt
+        and padding rows of the block included), i.e. Exp(1) noise ``[B, K, V]`` row-major;
+        scored rows before the block get no draw."""
+        b, r, v = logits.shape
+        k = self.block_size
+        if k is None or fed.span is None:
+            raise ValueError("sampling='llada2' with rng='reference' needs a block-diffusion "
+                             "model fed one contiguous span (cache 'none' or 'block_causal')")
+        lo, hi = fed.span
+        drawn = torch.empty(b, k, v, device=logits.device).exponential_(1,
+                                                                        generator=self.generator)
+        noise = torch.ones(b, r, v, device=logits.device)
+        first = max(lo, hi - k)  # the block's first scored row
+        noise[:, first - lo:] = drawn[:, first - (hi - k):]
         return noise
 
     def _demote_eos(self, logits: Tensor, prop: Proposal) -> Proposal:
