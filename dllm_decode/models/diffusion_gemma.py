@@ -25,10 +25,10 @@ the input is a ``ValueError``.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dllm_decode.models.gemma_layers import (
@@ -38,12 +38,9 @@ from dllm_decode.models.gemma_layers import (
     SelfConditioning,
     gemma_rope,
 )
-from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_names
-from dllm_decode.models.weights import check_finite as check_tensor_finite
+from dllm_decode.models.weights import CheckpointError
 
 ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
-#: checkpoint prefixes of the vision tower: skipped knowingly (text-only support)
-VISION_PREFIXES = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
 #: the reference's generation defaults when ``generation_config.json`` leaves one unset
 REFERENCE_GENERATION = {"max_denoising_steps": 48, "entropy_bound": 0.1, "t_min": 0.4,
                         "t_max": 0.8, "stability_threshold": 1, "confidence_threshold": 0.005}
@@ -116,8 +113,7 @@ def gemma_spec(config: dict[str, Any], generation: dict[str, Any] | None = None)
             max_length=int(text["max_position_embeddings"]), layers=tuple(layers),
             eos_token_ids=eos_ids, pad_token_id=text.get("pad_token_id"),
             bos_token_id=text.get("bos_token_id"),
-            image_token_ids=tuple(int(config[k]) for k in ("image_token_id", "boi_token_id",
-                                                            "eoi_token_id") if k in config),
+            image_token_ids=tuple(int(config[k]) for k in ("image_token_id",) if k in config),
             generation=_generation_defaults(generation or {}))
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"DiffusionGemma config: missing or invalid field {err}") from None
@@ -155,6 +151,7 @@ class GemmaCache:
         self.v = [torch.zeros_like(k) for k in self.k]
         self.valid = torch.zeros(batch_size, max_len, dtype=torch.bool, device=device)
         self.length = 0
+        self.padded = False  # any invalid key (host flag, set by ``encode``)
 
     @property
     def max_len(self) -> int:
@@ -165,8 +162,9 @@ class DiffusionGemmaModel(nn.Module):
     """The text model of ``DiffusionGemmaForBlockDiffusion`` (module docstring).
 
     ``encode`` fills a ``GemmaCache``; ``decode`` (also ``forward``) returns the canvas logits.
-    ``moe_impl``: ``"reference"`` (a loop over the chosen experts) or ``"grouped"`` (gathered
-    expert weights, batched matmuls; equal within rounding)."""
+    ``moe_impl``: ``"grouped"`` (default: tokens sorted by expert, grouped GEMMs; the
+    reference's default path, bit for bit on CPU) or ``"reference"`` (a readable loop over the
+    chosen experts; equal within fp32 rounding)."""
 
     noise_kind = "uniform"
     mask_token_id = None
@@ -187,7 +185,7 @@ class DiffusionGemmaModel(nn.Module):
                                                 for _ in spec.layers)
         self.norm = GemmaNorm(h, spec.norm_eps)
         self.self_conditioning = SelfConditioning(h, spec.intermediate_size, spec.norm_eps)
-        self.moe_impl = "reference"
+        self.moe_impl = "grouped"
 
     # ---- what the sampler reads ------------------------------------------------------------
     @property
@@ -230,11 +228,11 @@ class DiffusionGemmaModel(nn.Module):
         scale = torch.tensor(self.spec.hidden_size ** 0.5, dtype=self.dtype)
         return self.embed(tokens) * scale.to(tokens.device)
 
-    def _check_tokens(self, tokens: Tensor, what: str) -> None:
+    def _check_tokens(self, tokens: Tensor, what: str, images: bool = False) -> None:
         if tokens.dim() != 2:
             raise ValueError(f"{what} must be [B, N] token ids, got shape {tuple(tokens.shape)}")
         ids = self.spec.image_token_ids
-        if ids and torch.isin(tokens, torch.tensor(ids, device=tokens.device)).any():
+        if images and ids and torch.isin(tokens, torch.tensor(ids, device=tokens.device)).any():
             raise ValueError(f"{what} contains image tokens {list(ids)}: image inputs are not "
                              "supported (DiffusionGemma is loaded text-only; its vision tower "
                              "was skipped)")
@@ -243,32 +241,50 @@ class DiffusionGemmaModel(nn.Module):
         return {s: gemma_rope(positions, s, dtype) for s in set(self.spec.layers)}
 
     @torch.no_grad()
-    def encode(self, tokens: Tensor, cache: GemmaCache, valid: Tensor | None = None) -> None:
+    def encode(self, tokens: Tensor, cache: GemmaCache, valid: Tensor | None = None, *,
+               prompt: bool = True) -> None:
         """Run the causal encoder over ``tokens [B, N]`` (positions ``cache.length + i``) and
         append their K/V to ``cache``. ``valid [B, N]`` marks real tokens (False = left
-        padding: never attended to; pads still take positions, as in the reference)."""
-        self._check_tokens(tokens, "encoder input")
+        padding: never attended to; pads still take positions, as in the reference).
+        ``prompt``: user input, checked for image placeholder tokens (``image_token_id``: an
+        image input, which this text-only model rejects); ``False`` for generated canvases."""
+        self._check_tokens(tokens, "encoder input", images=prompt)
         b, n = tokens.shape
         start, end = cache.length, cache.length + n
         if end > cache.max_len:
             raise ValueError(f"the cache holds {cache.max_len} positions; encoding {n} more "
                              f"after {start} overflows it")
         cache.valid[:, start:end] = True if valid is None else valid.bool()
+        if valid is not None and not cache.padded:  # one host read per encoded chunk
+            cache.padded = not bool(valid.all())
         positions = torch.arange(start, end, device=tokens.device).expand(b, n)
-        q_pos = positions[0][:, None]
-        k_pos = torch.arange(end, device=tokens.device)[None]
-        causal = (k_pos <= q_pos) & cache.valid[:, None, :end] | (k_pos == q_pos)  # [B, N, end]
-        local = causal & (q_pos - k_pos < self.spec.sliding_window)
+        # sliding layers read the last window - 1 cached positions (what the reference's
+        # sliding cache layers keep), full layers the whole cache
+        lows = {True: max(start - (self.spec.sliding_window - 1), 0), False: 0}
+        masks: dict[bool, Tensor | None] = {}
+        for sliding, lo in lows.items():
+            width = end - lo
+            if not cache.padded and (width == n or n == 1) and not (
+                    sliding and width >= self.spec.sliding_window):
+                masks[sliding] = None  # SDPA's is_causal, as the reference's mask skip
+                continue
+            q_pos = positions[0][:, None]
+            k_pos = torch.arange(lo, end, device=tokens.device)[None]
+            seen = (k_pos <= q_pos) & cache.valid[:, None, lo:end] | (k_pos == q_pos)
+            masks[sliding] = seen & (q_pos - k_pos < self.spec.sliding_window) if sliding \
+                else seen  # [B, N, end - lo]
         h = self._embed(tokens)
         rope = self._layer_rope(positions, h.dtype)
         for i, layer in enumerate(self.layers):
             ls = layer.spec
+            lo = lows[ls.sliding]
             x = layer.input_layernorm(h)
             q, k, v = layer.self_attn.project(x, *rope[ls])
             cache.k[i][:, :, start:end] = k
             cache.v[i][:, :, start:end] = v
-            a = layer.self_attn.attend(q, cache.k[i][:, :, :end], cache.v[i][:, :, :end],
-                                       local if ls.sliding else causal)
+            mask = masks[ls.sliding]
+            a = layer.self_attn.attend(q, cache.k[i][:, :, lo:end], cache.v[i][:, :, lo:end],
+                                       mask, causal=mask is None and n > 1)
             h = h + layer.post_attention_layernorm(a)
             h = layer.feed_forward(h, self.encoder_scalars[i], self.moe_impl == "grouped")
         cache.length = end
@@ -295,69 +311,27 @@ class DiffusionGemmaModel(nn.Module):
         h = self.self_conditioning.condition(x, soft)
         positions = torch.arange(n, n + c, device=canvas.device).expand(b, c)
         rope = self._layer_rope(positions, h.dtype)
-        k_idx = torch.arange(n + c, device=canvas.device)
-        keys = torch.cat([cache.valid[:, :n], torch.ones(b, c, dtype=torch.bool,
-                                                         device=canvas.device)], 1)
-        full = keys[:, None].expand(b, c, n + c)
         # the reference's sliding cache layers keep only the last window - 1 prefix entries
-        recent = full & (k_idx >= n - (self.spec.sliding_window - 1))
+        start = {True: max(n - (self.spec.sliding_window - 1), 0), False: 0}
+        masks = {}
+        if cache.padded:  # key masks over the kept prefix + the canvas (else: no mask, as SDPA
+            for sliding, lo in start.items():  # is called by the reference, bit for bit)
+                keys = torch.cat([cache.valid[:, lo:n], torch.ones(b, c, dtype=torch.bool,
+                                                                   device=canvas.device)], 1)
+                masks[sliding] = keys[:, None].expand(b, c, n - lo + c)
         for i, layer in enumerate(self.layers):
             ls = layer.spec
+            lo = start[ls.sliding]
             q, k, v = layer.self_attn.project(layer.input_layernorm(h), *rope[ls])
-            keys_k = torch.cat([cache.k[i][:, :, :n], k], 2)
-            keys_v = torch.cat([cache.v[i][:, :, :n], v], 2)
-            a = layer.self_attn.attend(q, keys_k, keys_v, recent if ls.sliding else full)
+            keys_k = torch.cat([cache.k[i][:, :, lo:n], k], 2)
+            keys_v = torch.cat([cache.v[i][:, :, lo:n], v], 2)
+            a = layer.self_attn.attend(q, keys_k, keys_v, masks.get(ls.sliding))
             h = h + layer.post_attention_layernorm(a)
             h = layer.feed_forward(h, layer.layer_scalar, self.moe_impl == "grouped")
-        logits = (self.norm(h) @ w.T).float()
+        logits = F.linear(self.norm(h), w).float()
         return torch.tanh(logits / self.spec.softcap) * self.spec.softcap
 
     def forward(self, canvas: Tensor, cache: GemmaCache,
                 self_conditioning: Tensor | None = None) -> Tensor:
         """``decode`` (the model's one sampler-facing forward)."""
         return self.decode(canvas, cache, self_conditioning)
-
-
-# ---- checkpoint names -------------------------------------------------------------------------
-def checkpoint_name(internal: str) -> str:
-    """Internal parameter name -> released tensor name."""
-    if internal.startswith("encoder_scalars."):
-        return f"model.encoder.language_model.layers.{internal.split('.')[1]}.layer_scalar"
-    if internal.startswith("embed."):
-        return "model.decoder.embed_tokens." + internal[len("embed."):]
-    return "model.decoder." + internal
-
-
-def load_diffusion_gemma(directory: Path, config: dict[str, Any], *, dtype: torch.dtype,
-                         device: torch.device, check_finite: bool = True) -> DiffusionGemmaModel:
-    """Build the model from ``config.json`` (+ ``generation_config.json``) and read its
-    safetensors tensor by tensor into ``dtype`` on ``device``.
-
-    Every text tensor must be present with the shape the config implies; the vision tower's
-    tensors are skipped (text-only); any other tensor is a ``CheckpointError``."""
-    gen_path = directory / "generation_config.json"
-    spec = gemma_spec(config, read_json(gen_path) if gen_path.is_file() else None)
-    with torch.device("meta"):
-        model = DiffusionGemmaModel(spec)
-    expected = {checkpoint_name(k): (k, tuple(v.shape)) for k, v in model.state_dict().items()}
-    names = tensor_names(directory)
-    text = {n: f for n, f in names.items() if not n.startswith(VISION_PREFIXES)}
-    unexpected = sorted(set(text) - set(expected))
-    missing = sorted(set(expected) - set(text))
-    if unexpected or missing:
-        raise CheckpointError(f"{directory}: tensors do not match the DiffusionGemma text model "
-                              f"its config.json describes: unexpected {unexpected[:5]}, missing "
-                              f"{missing[:5]}")
-    state: dict[str, Tensor] = {}
-    for name, t in iter_tensors(sorted(set(text.values())), device):
-        if name not in expected:  # a vision tensor stored in a shard with text tensors
-            continue
-        internal, shape = expected[name]
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(t.shape)}, "
-                                  f"config.json implies {shape}")
-        if check_finite:
-            check_tensor_finite(t, name, directory)
-        state[internal] = t.to(device=device, dtype=dtype).clone()
-    model.load_state_dict(state, assign=True)
-    return model.eval()

@@ -126,11 +126,14 @@ class GemmaAttention(nn.Module):
         v = gemma_rms_norm(raw_v, None, self.eps)  # value norm: no weight
         return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
 
-    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
-        """``q [B, H, N, D]``, ``k, v [B, Hkv, Lk, D]``, ``mask [B, N, Lk]`` bool -> ``[B, N,
-        hidden]`` (softmax in fp32 as SDPA does; scale 1.0)."""
+    def attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None,
+               causal: bool = False) -> Tensor:
+        """``q [B, H, N, D]``, ``k, v [B, Hkv, Lk, D]``, ``mask [B, N, Lk]`` bool or ``None``
+        (every key visible; ``causal``: SDPA's own causal mask, ``Lk == N``) -> ``[B, N,
+        hidden]`` (SDPA, scale 1.0)."""
         out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=mask[:, None], scale=1.0,
+            q, k, v, attn_mask=None if mask is None else mask[:, None], is_causal=causal,
+            scale=1.0,
             enable_gqa=self.num_heads != self.spec.num_kv_heads)
         b, _, n, _ = q.shape
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
@@ -174,8 +177,9 @@ class GemmaExperts(nn.Module):
     ``down_proj [E, hidden, I]``; GeGLU (tanh) per expert.
 
     ``forward`` is the readable reference (a loop over the experts that any token chose);
-    ``grouped`` gathers the chosen experts' weights per (token, slot) and runs two batched
-    matmuls, no Python loop (equal within fp32 rounding: ``tests/test_diffusion_gemma.py``)."""
+    ``grouped`` sorts the (token, slot) rows by expert and runs two grouped GEMMs (equal within
+    fp32 rounding: ``tests/test_diffusion_gemma.py``; bit for bit what transformers'
+    ``grouped_mm`` experts compute, the DiffusionGemma fixtures' recording path)."""
 
     def __init__(self, num_experts: int, hidden: int, intermediate: int) -> None:
         super().__init__()
@@ -193,15 +197,42 @@ class GemmaExperts(nn.Module):
         return out
 
     def grouped(self, x: Tensor, weights: Tensor, experts: Tensor) -> Tensor:
-        """Same result as ``forward`` without a per-expert loop: ``[T*k]`` gathered weights."""
+        """Same result as ``forward`` in two grouped GEMMs: the ``[T*k]`` (token, slot) rows
+        sorted by expert, one ``grouped_mm`` per projection over the contiguous groups (a
+        per-group ``mm`` where ``torch.nn.functional.grouped_mm`` cannot run: older torch,
+        unaligned strides), weighted, un-sorted and summed over the k slots. No per-token or
+        per-expert Python loop on the ``grouped_mm`` path; reads only the chosen experts."""
         t, k = experts.shape
         flat = experts.reshape(-1)
-        xs = x.repeat_interleave(k, dim=0)[:, :, None]  # [T*k, hidden, 1]
-        gate, up = torch.bmm(self.gate_up_proj[flat], xs).squeeze(-1).chunk(2, dim=-1)
-        h = (F.gelu(gate, approximate="tanh") * up)[:, :, None]
-        y = torch.bmm(self.down_proj[flat], h).squeeze(-1)  # [T*k, hidden]
-        y = (y * weights.reshape(-1, 1)).to(x.dtype)
-        return y.view(t, k, -1).sum(1)
+        sorted_ids, perm = torch.sort(flat)
+        rows = x[perm // k]  # [T*k, hidden], grouped by expert
+        counts = torch.bincount(sorted_ids, minlength=self.gate_up_proj.shape[0])
+        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        gate, up = _grouped_linear(rows, self.gate_up_proj, offs).chunk(2, dim=-1)
+        y = _grouped_linear(F.gelu(gate, approximate="tanh") * up, self.down_proj, offs)
+        y = y * weights.reshape(-1)[perm, None]
+        out = torch.empty_like(y)
+        out[perm] = y  # back to (token, slot) order
+        return out.view(t, k, -1).sum(1).to(x.dtype)
+
+
+def _grouped_linear(rows: Tensor, weight: Tensor, offs: Tensor) -> Tensor:
+    """``rows [S, in]`` grouped by expert (group e ends at ``offs[e]``) times ``weight[e].T``
+    (``weight [E, out, in]``) -> ``[S, out]``."""
+    w = weight.transpose(-2, -1)
+    grouped_mm = getattr(F, "grouped_mm", None)
+    if grouped_mm is not None:
+        try:
+            return grouped_mm(rows.to(w.dtype), w, offs=offs)
+        except (RuntimeError, NotImplementedError):  # no kernel here, or unaligned strides
+            pass
+    out = rows.new_zeros(rows.shape[0], w.shape[-1])
+    start = 0
+    for e, end in enumerate(offs.tolist()):  # fallback only: one mm per non-empty group
+        if end > start:
+            torch.mm(rows[start:end], w[e], out=out[start:end])
+        start = end
+    return out
 
 
 class GemmaLayer(nn.Module):

@@ -35,12 +35,9 @@ from safetensors.torch import save_file
 
 from dllm_decode.models.base import DecoderLM, ModelSpec, to_checkpoint_name
 from dllm_decode.models.block import BlockDiffusionModel, sdar_config, sdar_spec
-from dllm_decode.models.diffusion_gemma import (
-    DiffusionGemmaModel,
-    is_diffusion_gemma,
-    load_diffusion_gemma,
-)
+from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel, is_diffusion_gemma
 from dllm_decode.models.dream import DreamModel, dream_config, dream_spec
+from dllm_decode.models.gemma_loading import load_diffusion_gemma
 from dllm_decode.models.hub import (
     MODEL_PATTERNS,
     check_model_snapshot,

@@ -190,7 +190,7 @@ def load_optional_presets() -> None:
     """Import policy modules that register presets (later methods live in their own files)."""
     import importlib
 
-    for mod in ("sched", "learn2pd", "ete", "history", "s2d2", "window"):
+    for mod in ("sched", "learn2pd", "ete", "history", "s2d2", "window", "renoise"):
         try:
             importlib.import_module(f"dllm_decode.policies.{mod}")
         except ModuleNotFoundError as err:
