@@ -8,7 +8,7 @@ from dataclasses import dataclass, fields
 from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import CacheMode, Impl
 
-_SAMPLING = ("gumbel", "categorical")
+_SAMPLING = ("gumbel", "categorical", "llada2")
 _SCHEDULES = ("llada", "dream")
 _RNG = ("compact", "reference")
 
@@ -42,7 +42,9 @@ class SamplerConfig:
             truncation); ``None``: on for Dream-family models, off otherwise (LLaDA refreshes
             the whole canvas).
         cfg_scale: unsupervised classifier-free guidance ``un + (s + 1)(cond - un)`` (LLaDA).
-        sampling: ``gumbel`` (LLaDA / Fast-dLLM) or ``categorical`` with top-p/top-k (Dream);
+        sampling: ``gumbel`` (LLaDA / Fast-dLLM), ``categorical`` with top-p/top-k (Dream) or
+            ``llada2`` (categorical with top-k before top-p; with ``rng="reference"`` one
+            multinomial draw per row of the current aligned block, as LLaDA2's ``generate``);
             ``None`` picks the model family's reference sampler.
         top_p, top_k: Dream-style filtering of the sampling distribution.
         schedule: per-step budget rule: ``llada`` (even split per block) or ``dream`` (time grid
@@ -54,6 +56,18 @@ class SamplerConfig:
             T = 0, only EoT at T > 0).
         stop_at_eos: once a row has a committed EOS with nothing masked before it, fill the
             masks after it with EOS and stop that row (dInfer-style early stop).
+        eos_stop_on_commit: with ``stop_at_eos``, a row is checked only at a step that commits
+            an EOS (LLaDA2.0's ``eos_early_stop``; by default every step checks, so a row also
+            stops when the masks before an earlier EOS get committed).
+        block_eos_stop: after each block, a row whose generated part so far holds an EOS stops
+            (its later masks become EOS, no more forwards), as LLaDA2.0's ``generate`` does
+            after every block (LLaDA2.1's with ``eos_early_stop``).
+        decode_block_padding: block-diffusion models whose last block ends past the answer
+            (``P + G`` not a multiple of the block size) decode that block in full and cut
+            the canvas back to ``P + G`` afterwards. **A reference quirk, off by default**:
+            LLaDA2's ``generate`` rounds its canvas up to whole blocks, so the padding
+            positions compete for the last block's commits and cost steps (the recorded
+            cases need it); the default decodes exactly the ``G`` requested positions.
         rng: ``compact`` draws noise only for the rows that are scored; ``reference`` draws it
             in the reference decoders' shapes and order (exact seeded conformance).
         allow_prompt_masks: accept MASK tokens inside the prompt (LLaDA infilling semantics:
@@ -89,6 +103,9 @@ class SamplerConfig:
     confidence_eos_eot_inf: bool = False
     eos_eot_reference_asymmetry: bool = True
     stop_at_eos: bool = False
+    eos_stop_on_commit: bool = False
+    block_eos_stop: bool = False
+    decode_block_padding: bool = False
     rng: str = "compact"
     allow_prompt_masks: bool = False
     max_steps_per_block: int | None = None

@@ -4,10 +4,11 @@
 
 * **commit order**: a generated-positions x steps map; a cell is blank while the position is
   masked and coloured by its commit step from then on (the staircase of LLaDA's figure), the
-  commit itself marked; positions cut by a truncator (EoTP) are hatched grey;
-* **tokens per step**: tokens committed at each step, model forwards that step (S2D2's
-  verifier adds some) and their ratio (tokens per forward), with full cache refreshes marked
-  (every step without a cache).
+  commit itself marked; positions cut by a truncator (EoTP) are hatched grey; token edits
+  (``Generation.edits``: a committed position rewritten, LLaDA2.1) are marked with a red cross;
+* **tokens per step**: tokens committed at each step (and positions edited, for editing
+  policies), model forwards that step (S2D2's verifier adds some) and their ratio (tokens per
+  forward), with full cache refreshes marked (every step without a cache).
 
 Needs matplotlib (the ``eval`` extra); it is imported on first use, with the Agg canvas only
 (the caller's pyplot backend is left alone).
@@ -76,6 +77,13 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
     at = (order >= 0).nonzero().flatten()
     top.scatter(order[at].numpy(), at.numpy(), s=12, c="white", edgecolors="black",
                 linewidths=0.4, zorder=3, label="commit")
+    edited = None
+    if generation.edits is not None:
+        edited = generation.edits[row].cpu()  # [steps, G]
+        hit = edited.nonzero()
+        if len(hit):
+            top.scatter(hit[:, 0].numpy(), hit[:, 1].numpy(), s=20, c="tab:red", marker="x",
+                        linewidths=0.9, zorder=4, label="edit")
     if length < g:
         top.axhspan(length - 0.5, g - 0.5, color="0.6", alpha=0.5, hatch="//",
                     label="cut (truncated)")
@@ -87,6 +95,9 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
 
     x = torch.arange(generation.steps).numpy()
     bottom.bar(x, per_step.numpy(), color="tab:blue", label="tokens committed")
+    if edited is not None and edited.any():
+        bottom.bar(x, edited.sum(1).numpy(), bottom=per_step.numpy(), color="tab:red",
+                   label="tokens edited")
     bottom.step(x, forwards.numpy(), where="mid", color="tab:orange", label="forwards")
     ratio = per_step.float() / forwards.clamp(min=1).float()
     bottom.plot(x, ratio.numpy(), "o", color="black", markersize=3, label="tokens per forward")
@@ -95,7 +106,8 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
         for i in fresh.tolist():
             top.axvline(i - 0.5, color="tab:red", linestyle="--", linewidth=0.8, alpha=0.7)
         top.plot([], [], color="tab:red", linestyle="--", label="cache refresh")
-    height = float(torch.maximum(per_step.max(), forwards.max())) if generation.steps else 1.0
+    stacked = per_step if edited is None else per_step + edited.sum(1)
+    height = float(torch.maximum(stacked.max(), forwards.max())) if generation.steps else 1.0
     top.legend(loc="upper right", fontsize=7)
     bottom.plot(fresh.numpy(), [height * 1.12] * len(fresh), "v", color="tab:red",
                 markersize=4, label="full refresh")

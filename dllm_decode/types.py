@@ -165,11 +165,16 @@ class Selection(NamedTuple):
     ``tokens`` (``[B, L]`` int64, read at committed positions only) replaces the proposal's
     tokens there, e.g. S2D2's residual resample; ``prob`` (``[B, L]`` float) is the probability
     of those tokens, used for ``Generation.bits`` (``None``: the proposal's probability).
+
+    ``edit`` (``[B, L]`` bool, only from selectors declaring ``Capabilities(edits=True)``)
+    rewrites already committed positions (LLaDA2.1 token editing): a subset of
+    ``StepState.editable``; each takes ``tokens`` there (``None``: the proposal's token).
     """
 
     commit: Tensor
     tokens: Tensor | None = None
     prob: Tensor | None = None
+    edit: Tensor | None = None
 
 
 class StepModel(Protocol):
@@ -216,7 +221,11 @@ class StepState:
     ``[B, R, V]`` for the canvas positions ``rows`` (``[R]`` shared by the batch, or ``[B, R]``
     per row for pruned forwards). ``refreshed`` ``[B]`` bool marks rows whose forward this step
     was a full refresh of their cached K/V. ``model`` gives extra forwards and the sampling
-    distribution (see ``StepModel``).
+    distribution (see ``StepModel``). ``editable`` ``[B, L]`` bool (only for selectors that
+    declare ``Capabilities(edits=True)``, else ``None``) marks the committed positions the
+    selector may rewrite this step (``Selection.edit``): generated, inside the current block,
+    fed this step, in rows still allowed to edit (``samplers.editing``). ``block_step`` is the
+    step's index inside its block (0 at the block's first forward).
     """
 
     proposal: Proposal
@@ -242,6 +251,8 @@ class StepState:
     rows: Tensor | None = None
     refreshed: Tensor | None = None
     model: StepModel | None = None
+    editable: Tensor | None = None
+    block_step: int = 0
 
 
 @dataclass
@@ -258,6 +269,9 @@ class Generation:
     refreshed: ``[B, steps]`` bool, whether the step's forward fully refreshed the row's cached
         K/V (every step without a cache); ``None`` when not recorded.
     step_forwards: model calls per step (1, plus extra forwards such as S2D2's verifier).
+    edits: ``[B, steps, G]`` bool, the generated positions each step rewrote after their
+        commit (token editing, ``Capabilities(edits=True)``); ``None`` for policies that do not
+        edit. ``commit_step`` keeps each position's first commit.
     """
 
     tokens: Tensor
@@ -271,6 +285,15 @@ class Generation:
     trace: list[dict[str, Any]] | None = None
     refreshed: Tensor | None = None
     step_forwards: list[int] | None = None
+    edits: Tensor | None = None
+
+    def edits_per_step(self) -> Tensor:
+        """``[B, steps]`` int64: generated positions rewritten at each step (zeros when the
+        policy does not edit)."""
+        if self.edits is None:
+            return torch.zeros(self.commit_step.shape[0], self.steps, dtype=torch.long,
+                               device=self.commit_step.device)
+        return self.edits.sum(2)
 
     def commits_per_step(self) -> Tensor:
         """``[B, steps]`` int64: generated positions committed at each step (one sync-free

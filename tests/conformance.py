@@ -108,7 +108,9 @@ def llada_settings(case: dict[str, Any], model: Any = None) -> tuple[str, dict[s
     """(policy, sampler kwargs) reproducing a LLaDA / Fast-dLLM case; raises
     ``UnmappedCaseField`` on any field or value it does not reproduce."""
     _only(case, LLADA_TOP, "case", case)
-    s, args = case["settings"], case.get("args") or {}
+    # LLaDA-MoE's cases (plain ``generate`` on another model) record only the call's args
+    args = case.get("args") or {}
+    s = case.get("settings", args)
     _only(s, LLADA_SETTINGS, "settings", case)
     _only(args, LLADA_SETTINGS, "args", case)
     _consistent(case, s, args, "settings")
@@ -176,3 +178,107 @@ def tensors(case: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor | None]:
     prompt = torch.tensor(case["prompt_ids"], dtype=torch.long)
     mask = case.get("attention_mask")
     return prompt, (torch.tensor(mask, dtype=torch.long) if mask is not None else None)
+
+
+#: LLaDA2.x ``generate`` keyword arguments this harness maps (both modeling files)
+LLADA2_ARGS: Final = frozenset({
+    "temperature", "block_length", "steps", "gen_length", "threshold", "eos_id", "mask_id",
+    "minimal_topk", "top_k", "top_p", "eos_early_stop", "editing_threshold", "max_post_steps",
+    "num_to_transfer",
+})
+LLADA2_TOP: Final = INFO | EXPECTED | INPUTS | {"args", "family", "returned_ids"}
+#: ``generate`` defaults of the two remote-code files (LLaDA2.0 / LLaDA2.1)
+LLADA2_DEFAULTS: Final = {
+    "LLaDA2.0": {"threshold": 0.95, "steps": 32, "minimal_topk": 1},
+    "LLaDA2.1": {"threshold": 0.95, "editing_threshold": 0.9, "max_post_steps": 16,
+                 "num_to_transfer": 1},
+}
+
+
+def llada2_settings(case: dict[str, Any], model: Any = None) -> tuple[str, dict[str, Any]]:
+    """(policy, sampler kwargs) reproducing a LLaDA2.0 / LLaDA2.1 ``generate`` case: the
+    ``llada2`` / ``llada21`` presets with the reference's quirks the recording needs (padding
+    blocks decoded: ``decode_block_padding``; the EOS rules: ``block_eos_stop`` after every
+    block for 2.0 and with ``eos_early_stop`` for 2.1, ``stop_at_eos`` for 2.0's in-block
+    early stop). Raises ``UnmappedCaseField`` on any field it does not map."""
+    _only(case, LLADA2_TOP, "case", case)
+    args = case["args"]
+    _only(args, LLADA2_ARGS, "args", case)
+    _check_answer(case)
+    _check_ids(case, model, {"mask_id": args.get("mask_id"), "eos_id": args.get("eos_id")})
+    family = case.get("family")
+    if family not in LLADA2_DEFAULTS:
+        raise UnmappedCaseField(f"{case['name']}: family={family!r}")
+    a = {**LLADA2_DEFAULTS[family], **args}
+    v20 = family == "LLaDA2.0"
+    if v20 and {"editing_threshold", "max_post_steps", "num_to_transfer"} & set(args):
+        raise UnmappedCaseField(f"{case['name']}: LLaDA2.0 has no editing arguments")
+    early = bool(a.get("eos_early_stop"))
+    params: dict[str, Any] = dict(
+        gen_length=a["gen_length"], block_length=a["block_length"],
+        temperature=a.get("temperature") or 0.0, top_k=a.get("top_k"), top_p=a.get("top_p"),
+        seed=case["seed"], rng="reference", sampling="llada2", decode_block_padding=True,
+        block_eos_stop=v20 or early, stop_at_eos=v20 and early, eos_stop_on_commit=v20 and early,
+        threshold=a["threshold"])
+    if v20:
+        return "llada2", params | {"steps": a["steps"], "minimal_topk": a["minimal_topk"]}
+    return "llada21", params | {"editing_threshold": a["editing_threshold"],
+                                "max_post_steps": a["max_post_steps"],
+                                "num_to_transfer": a["num_to_transfer"]}
+
+
+def cut_at_eos(tokens: torch.Tensor, p: int, g: int, eos: int) -> list[int]:
+    """Row 0 of ``tokens`` as LLaDA2's ``generate`` returns it with the prompt: the answer
+    ``[p, p + g)`` cut after its first EOS (inclusive)."""
+    answer = tokens[0, p:p + g].tolist()
+    if eos in answer:
+        answer = answer[:answer.index(eos) + 1]
+    return tokens[0, :p].tolist() + answer
+
+
+#: Fast-dLLM v2 ``batch_sample`` / ``generate`` keyword arguments this harness maps
+FDV2_ARGS: Final = frozenset({
+    "block_size", "small_block_size", "max_new_tokens", "threshold", "mask_id", "stop_token",
+    "min_len", "seq_len", "tokenizer.pad_token_id", "temperature", "top_p", "use_block_cache",
+})
+FDV2_TOP: Final = INFO | EXPECTED | INPUTS | {"args", "input_ids_passed", "input_note"}
+
+
+def fastdllm2_settings(case: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
+    """(policy, sampler kwargs, stop token) reproducing a Fast-dLLM v2 case with the
+    ``fastdllm_v2`` preset: the canvas the reference builds (the prompt's blocks plus
+    ``max_new_tokens // block_size`` blocks, plus the next block's AR token when the last
+    block completes) and its stop rule (``batch_sample``: a row stops after the block in which
+    it committed the stop token, ``block_eos_stop``; ``generate``: as soon as the stop token
+    has nothing masked before it, ``stop_at_eos``). The model's EOS must be the case's stop
+    token. Raises ``UnmappedCaseField`` on anything else (``use_block_cache``, batched
+    sampling: not reproduced)."""
+    _only(case, FDV2_TOP, "case", case)
+    a = case["args"]
+    _only(a, FDV2_ARGS, "args", case)
+    if a.get("use_block_cache"):
+        raise UnmappedCaseField(f"{case['name']}: use_block_cache is not reproduced")
+    if a.get("temperature"):
+        raise UnmappedCaseField(f"{case['name']}: seeded top-p sampling is not reproduced")
+    k = a["block_size"]
+    p = len(case["prompt_ids"][0])
+    if len(case["prompt_ids"]) != 1 or (a.get("seq_len") and len(a["seq_len"]) != 1):
+        raise UnmappedCaseField(f"{case['name']}: batched Fast-dLLM v2 cases are not mapped")
+    if a.get("min_len", p) != p:
+        raise UnmappedCaseField(f"{case['name']}: min_len != prompt length")
+    gen = (p // k + a["max_new_tokens"] // k) * k + 1 - p
+    sample = case["reference_function"] == "batch_sample"
+    params: dict[str, Any] = dict(
+        gen_length=gen, threshold=a["threshold"], small_block_size=a["small_block_size"],
+        temperature=a.get("temperature") or 0.0, top_p=a.get("top_p"), seed=case["seed"],
+        rng="reference", block_eos_stop=sample, stop_at_eos=not sample)
+    return "fastdllm_v2", params, a["stop_token"]
+
+
+def fastdllm2_forwards(case: dict[str, Any]) -> int:
+    """The reference's forwards that the library's block-causal plan merges into its first
+    step: the separate prefill of the prompt's full blocks when the prompt is longer than a
+    block and not block-aligned (aligned, that prefill also yields the first AR token, which
+    the library spends a step on)."""
+    k, p = case["args"]["block_size"], len(case["prompt_ids"][0])
+    return int(p > k and p % k != 0)

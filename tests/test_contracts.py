@@ -66,6 +66,7 @@ class Poisoned:
 @pytest.mark.parametrize("policy,cache,temperature", [
     ("low_confidence", "none", 0.0), ("threshold", "dual", 0.7), ("sched", "none", 0.0),
     ("eb", "prefix", 0.0), ("entropy", "none", 0.7), ("factor", "dual", 0.0),
+    ("llada21", "dual", 0.0), ("edit", "prefix", 0.7),  # token editing (post steps too)
 ])
 @pytest.mark.parametrize("value", [math.nan, -math.inf, math.inf])
 def test_non_finite_logits_raise_naming_step_and_rows(policy, cache, temperature,

@@ -34,6 +34,9 @@ MODELS = {f: tiny_model(f, seed=3) for f in ("llada", "dream", "sdar")}
 POLICIES: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in mask_presets(PRESETS)] + [
     ("sched", {"base": "threshold", "tau": 0.7}), ("sched", {"base": "eb"}),
     ("prophet", {"base": "entropy"}), ("sched", {"base": "low_confidence_dynamic"}),
+    # token editing over other selectors (edits bounded per block: ``samplers.editing``)
+    ("edit", {"base": "low_confidence", "editing_threshold": 0.3, "max_post_steps": 2}),
+    ("edit", {"base": "eb", "editing_threshold": 0.0}), ("llada21", {"mode": "speed"}),
 ]
 CACHES = {"llada": ["none", "prefix", "dual", "window"], "dream": ["none", "prefix", "dual"],
           "sdar": ["none", "block_causal"]}

@@ -50,6 +50,16 @@ def test_plot_decoding_png(tmp_path, size) -> None:
         plot_decoding(out, row=1)
 
 
+def test_plot_marks_token_edits(tmp_path) -> None:
+    out = DiffusionSampler(LLADA, "llada21", mode="speed", gen_length=8,
+                           block_length=4).generate(torch.tensor([[3, 4, 5]]))
+    assert out.edits is not None and out.edits.any()
+    fig = plot_decoding(out, tmp_path / "edits.png", dpi=40)
+    labels = [t.get_text() for ax in fig.axes for leg in [ax.get_legend()] if leg
+              for t in leg.get_texts()]
+    assert "edit" in labels and "tokens edited" in labels
+
+
 def test_order_summaries() -> None:
     assert commit_times([0, 1, 2, 3], 4) == [0.0, 1 / 3, 2 / 3, 1.0]
     assert commit_times([5, 5, -1], 3) == [0.0, 0.0, 1.0]

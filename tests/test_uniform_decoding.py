@@ -223,3 +223,27 @@ def test_settings_without_meaning_are_errors(small, overrides, match) -> None:
     kw = {"gen_length": 16} | overrides
     with pytest.raises(ValueError, match=match):
         DiffusionSampler(small, "gemma_renoise").generate(torch.tensor([[5, 6]]), **kw)
+
+
+def test_renoising_is_recorded_as_edits(small) -> None:
+    """Re-noising rewrites accepted positions: the editing capability is declared and
+    ``Generation.edits`` marks, per step, accepted positions whose token changed; sticky
+    acceptance declares no edits and records none."""
+    accepted = torch.zeros(1, 8, dtype=torch.bool)
+    before: list[torch.Tensor] = []
+
+    def record(state, chosen) -> None:
+        s = slice(state.block_start, state.block_end)
+        assert torch.equal(state.editable[:, s], accepted)  # accepted at earlier steps
+        before.append(accepted.clone())
+        accepted.logical_or_(chosen[:, s])
+
+    sampler = DiffusionSampler(small, "gemma_renoise", entropy_bound=1.0, early_stop=False)
+    assert sampler.capabilities.selector.edits
+    out = sampler.generate(torch.tensor([[4, 5, 6]]), gen_length=8, seed=1, on_step=record)
+    assert out.edits.shape == (1, out.steps, 8) and out.edits.any()
+    for step, was in enumerate(before):
+        assert not (out.edits[:, step] & ~was).any()  # only accepted positions are edited
+    sticky = DiffusionSampler(small, "gemma_renoise", sticky=True)
+    assert not sticky.capabilities.selector.edits
+    assert sticky.generate(torch.tensor([[4, 5, 6]]), gen_length=8, seed=1).edits is None

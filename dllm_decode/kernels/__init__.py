@@ -352,8 +352,8 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
     ``impl="triton"`` raises ``NotImplementedError``.
     """
     unsupported = None
-    if sampling == "categorical":
-        unsupported = "sampling='categorical' (top-p/top-k need a sort; use the reference)"
+    if sampling in ("categorical", "llada2"):
+        unsupported = f"sampling={sampling!r} (top-p/top-k need a sort; use the reference)"
     else:
         unsupported = _dtype_issue(logits)
     chosen = _choose(impl, logits.device, unsupported, "propose", logits.dtype)

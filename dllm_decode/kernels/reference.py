@@ -101,11 +101,15 @@ def gumbel_argmax(logits: Tensor, temperature: float, uniform: Tensor) -> Tensor
 
 
 def filter_logits(logits: Tensor, temperature: float, top_p: float | None,
-                  top_k: int | None) -> Tensor:
-    """Dream's sampling distribution: temper, then top-p, then top-k (filtered -> dtype min)."""
+                  top_k: int | None, *, k_first: bool = False) -> Tensor:
+    """Dream's sampling distribution: temper, then top-p, then top-k (filtered -> dtype min).
+    ``k_first``: top-k before top-p (LLaDA2's ``_sample_with_temperature_topk_topp``)."""
     z = logits if logits.dtype == torch.float32 else logits.float()
     if temperature > 0:
         z = z / temperature
+    if k_first and top_k is not None:
+        z = filter_logits(z, 0.0, None, top_k)
+        top_k = None
     if top_p is not None and top_p < 1:
         sorted_z, order = torch.sort(z, dim=-1, descending=True)
         cum = torch.cumsum(F.softmax(sorted_z, dim=-1), dim=-1)
@@ -139,7 +143,9 @@ def propose(
     ``sampling="categorical"`` (Dream): the distribution is tempered and top-p/top-k filtered;
     the token is its argmax, or at ``T > 0`` a categorical draw (``argmax(p / E)``, E ~ Exp(1),
     torch's own multinomial algorithm); scores use that distribution (``logit_margin``: the
-    raw logits).
+    raw logits). ``sampling="llada2"`` (LLaDA2's ``_sample_with_temperature_topk_topp``): the
+    same draw with top-k applied before top-p; at ``T = 0`` the argmax and the plain softmax
+    (no filtering), as the reference.
 
     ``noise`` (optional, ``[B, N, V]``): uniform float64 for gumbel, Exp(1) float32 for
     categorical; drawn from ``generator`` when omitted. Ties go to the lowest index.
@@ -160,8 +166,10 @@ def propose(
             prob = (logits.float().gather(-1, tokens[..., None])[..., 0] - lse).exp()
         else:
             tokens, prob = stats["token"], stats["p_max"]
-    elif sampling == "categorical":
-        z = filter_logits(logits, temperature, top_p, top_k)
+    elif sampling in ("categorical", "llada2"):
+        if sampling == "llada2" and temperature == 0:  # the reference filters nothing at T = 0
+            top_p = top_k = None
+        z = filter_logits(logits, temperature, top_p, top_k, k_first=sampling == "llada2")
         # the logit margin is of the raw logits: computed from them alone, and only if asked
         # (not a second full pass over V)
         stats = confidence_stats(z, want - {"logit_margin"})
@@ -176,7 +184,8 @@ def propose(
         else:
             tokens, prob = stats["token"], stats["p_max"]
     else:
-        raise ValueError(f"sampling must be 'gumbel' or 'categorical', got {sampling!r}")
+        raise ValueError(f"sampling must be 'gumbel', 'categorical' or 'llada2', got "
+                         f"{sampling!r}")
     prob = prob if prob.dtype == torch.float32 else prob.float()
     return Proposal(tokens=tokens, prob=prob, margin=stats.get("margin"),
                     logit_margin=stats.get("logit_margin"),

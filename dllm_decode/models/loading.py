@@ -37,6 +37,7 @@ from dllm_decode.models.base import DecoderLM, ModelSpec, to_checkpoint_name
 from dllm_decode.models.block import BlockDiffusionModel, sdar_config, sdar_spec
 from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel, is_diffusion_gemma
 from dllm_decode.models.dream import DreamModel, dream_config, dream_spec
+from dllm_decode.models.fastdllm2 import FastDLLMv2Model, fastdllm2_config, fastdllm2_spec
 from dllm_decode.models.gemma_loading import load_diffusion_gemma
 from dllm_decode.models.hub import (
     MODEL_PATTERNS,
@@ -45,6 +46,9 @@ from dllm_decode.models.hub import (
     snapshot,
 )
 from dllm_decode.models.llada import LLaDAModel, llada_config, llada_spec
+from dllm_decode.models.llada2 import LLaDA2MoEModel, llada2_config, llada2_spec
+from dllm_decode.models.llada_moe import LLaDAMoEModel, llada_moe_config, llada_moe_spec
+from dllm_decode.models.moe_decoder import MoEDecoderLM
 from dllm_decode.models.placement import (
     check_dtype_runs,
     device_for,
@@ -53,6 +57,7 @@ from dllm_decode.models.placement import (
     resolve_device,
     resolve_dtype,
 )
+from dllm_decode.models.sdar_moe import SDARMoEModel, sdar_moe_config, sdar_moe_spec
 from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_names
 from dllm_decode.models.weights import check_finite as check_tensor_finite
 
@@ -63,7 +68,23 @@ FAMILIES: dict[str, tuple[type[DecoderLM], Callable[[dict], ModelSpec], Callable
     "llada": (LLaDAModel, llada_spec, llada_config),
     "dream": (DreamModel, dream_spec, dream_config),
     "sdar": (BlockDiffusionModel, sdar_spec, sdar_config),
+    "llada2_moe": (LLaDA2MoEModel, llada2_spec, llada2_config),
+    "fast_dllm_qwen": (FastDLLMv2Model, fastdllm2_spec, fastdllm2_config),
+    "lladamoe": (LLaDAMoEModel, llada_moe_spec, llada_moe_config),
+    "sdar_moe": (SDARMoEModel, sdar_moe_spec, sdar_moe_config),
 }
+#: ``architectures[0]`` -> ``FAMILIES`` key, read before ``model_type`` (LLaDA-MoE's released
+#: config says ``model_type: "llada"`` like dense LLaDA; only its architecture tells them apart)
+ARCHITECTURES: dict[str, str] = {
+    "LLaDA2MoeModelLM": "llada2_moe",
+    "Fast_dLLM_QwenForCausalLM": "fast_dllm_qwen",
+    "LLaDAMoEModelLM": "lladamoe",
+    "LLaDAMoEModel": "lladamoe",
+    "SDARMoeForCausalLM": "sdar_moe",
+}
+#: families whose released config.json lacks the mask id: ``generation_config.json``'s
+#: ``mask_token_id`` is read too (before the family's released default)
+GENERATION_IDS = frozenset({"llada2_moe", "fast_dllm_qwen", "lladamoe", "sdar_moe"})
 
 
 def bundled_models() -> list[str]:
@@ -143,7 +164,9 @@ def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
     for name, value in ids:
         if not 0 <= int(value) < spec.vocab_size:
             raise CheckpointError(f"{where}: {name} {value} is outside the vocabulary "
-                                  f"[0, {spec.vocab_size}); fix {name} or vocab_size")
+                                  f"[0, {spec.vocab_size}); fix {name} or vocab_size"
+                                  + ("" if name != "mask_token_id" else
+                                     " (or pass load_model(..., mask_token_id=...))"))
     return spec
 
 
@@ -169,13 +192,23 @@ def build_model(config: dict[str, Any], *, seed: int | None = 0,
     return model.to(device=device, dtype=dtype).eval()
 
 
+def family_key(config: dict[str, Any]) -> str:
+    """The ``FAMILIES`` key of a config: by ``architectures`` when listed in
+    ``ARCHITECTURES``, else by ``model_type`` (lower-cased)."""
+    archs = config.get("architectures") or []
+    for arch in archs if isinstance(archs, list) else [archs]:
+        if arch in ARCHITECTURES:
+            return ARCHITECTURES[arch]
+    return str(config.get("model_type", "")).lower()
+
+
 def family_of(config: dict[str, Any], where: Path | str = "config"
               ) -> tuple[type[DecoderLM], Callable, Callable]:
-    mt = str(config.get("model_type", "")).lower()
+    mt = family_key(config)
     if mt not in FAMILIES:
         raise CheckpointError(
             f"{where}: unknown model_type {config.get('model_type')!r}; supported: "
-            f"{sorted(FAMILIES)} (LLaDA 'llada', Dream 'Dream', SDAR-style 'sdar')"
+            f"{sorted(FAMILIES)}, or architectures {sorted(ARCHITECTURES)}"
         )
     return FAMILIES[mt]
 
@@ -190,7 +223,8 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
                dtype: str | torch.dtype = "auto", device: str | torch.device | None = None,
                device_map: str | dict[str, Any] | None = None,
                local_files_only: bool | None = None, token: str | bool | None = None,
-               check_finite: bool = True) -> DecoderLM | DiffusionGemmaModel:
+               check_finite: bool = True, mask_token_id: int | None = None
+               ) -> DecoderLM | DiffusionGemmaModel:
     """Load a checkpoint into its family's model, in eval mode.
 
     Args:
@@ -209,6 +243,10 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
         check_finite: reject NaN / inf weights, naming the tensor (checked per tensor as it
             is read, in the stored dtype before the cast, with one min/max reduction; turn off
             only to inspect a broken checkpoint).
+        mask_token_id: the mask id, for a checkpoint whose config does not state it and whose
+            vocabulary differs from the released one (LLaDA2, LLaDA-MoE, Fast-dLLM v2 and
+            SDAR-MoE configs omit it; ``None``: the config's, else ``generation_config.json``'s,
+            else the family's released id).
 
     Raises: ``FileNotFoundError`` (``HubError`` for Hub ids) for missing files,
     ``CheckpointError`` (a ``ValueError``) naming the file and the fix when the files are
@@ -232,6 +270,7 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
         return load_diffusion_gemma(directory, config, dtype=target, device=dev,
                                     check_finite=check_finite)
     cls, _, _ = family_of(config, cfg_path)
+    config = with_token_ids(config, directory, mask_token_id)
     spec = parse_spec(config, cfg_path)
     target = resolve_dtype(dtype, config)
     if device_map is not None and device is not None:
@@ -242,8 +281,11 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
     dev = resolve_device(device)
     for d in set(placement.values()) if placement else {dev}:
         check_dtype_runs(target, d)
-    expected = {to_checkpoint_name(cls.names, k): (k, tuple(v.shape))
-                for k, v in model.state_dict().items()}
+    shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
+    expected = {name: (internal, part, shapes[internal][1:] if part is not None
+                       else shapes[internal])
+                for name, (internal, part) in checkpoint_layout(model).items()}
+    keep_fp32 = fp32_tensors(model)
     names = tensor_names(directory)  # headers only: name checks before any data is read
     hint = (f"; {cfg_path} declares model_type {config.get('model_type')!r}: is that the "
             "family these tensors were saved from?")
@@ -257,7 +299,7 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
                               + hint)
     state: dict[str, torch.Tensor] = {}
     for name, t in iter_tensors(sorted(set(names.values())), dev):
-        internal, shape = expected[name]
+        internal, part, shape = expected[name]
         if tuple(t.shape) != shape:
             raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(t.shape)}, "
                                   f"{cfg_path.name} implies {shape} (check the head counts, "
@@ -265,11 +307,47 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
         if check_finite:
             check_tensor_finite(t, name, directory)
         where = device_for(internal, placement) if placement else dev
-        state[internal] = _place(t, target, where)
+        dtype = torch.float32 if internal in keep_fp32 else target
+        if part is None:
+            state[internal] = _place(t, dtype, where)
+        else:  # one expert's slice of a stacked tensor
+            if internal not in state:
+                state[internal] = torch.empty(shapes[internal], dtype=dtype, device=where)
+            state[internal][part].copy_(t)
         del t
     model.load_state_dict(state, assign=True)
     model.eval()
     return dispatch(model, placement) if placement else model
+
+
+def checkpoint_layout(model: DecoderLM) -> dict[str, tuple[str, int | None]]:
+    """Checkpoint tensor name -> (internal name, index of the slice it fills or ``None``).
+
+    MoE families stack their experts internally and store one tensor per expert."""
+    if isinstance(model, MoEDecoderLM):
+        return model.checkpoint_layout()
+    return {to_checkpoint_name(type(model).names, k): (k, None) for k in model.state_dict()}
+
+
+def fp32_tensors(model: DecoderLM) -> frozenset[str]:
+    """Internal names kept in float32 whatever the load dtype (router expert biases: the
+    references keep them in fp32 and add them to fp32 scores)."""
+    return frozenset(k for k in model.state_dict() if k.endswith("expert_bias"))
+
+
+def with_token_ids(config: dict[str, Any], directory: Path,
+                   mask_token_id: int | None) -> dict[str, Any]:
+    """``config`` with ``mask_token_id`` set from the argument, or (families in
+    ``GENERATION_IDS`` whose config lacks it) from ``generation_config.json``."""
+    if mask_token_id is not None:
+        return {**config, "mask_token_id": int(mask_token_id)}
+    gen_path = directory / "generation_config.json"
+    if "mask_token_id" in config or family_key(config) not in GENERATION_IDS or \
+            not gen_path.is_file():
+        return config
+    gen = read_json(gen_path)
+    mask = gen.get("mask_token_id", gen.get("mask_id"))
+    return config if mask is None else {**config, "mask_token_id": int(mask)}
 
 
 def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int | None = None,
@@ -308,7 +386,7 @@ def register_auto_config() -> None:
     """Register the families' config classes with ``transformers.AutoConfig``."""
     from transformers import AutoConfig, PretrainedConfig
 
-    for model_type in ("llada", "Dream", "sdar"):
+    for model_type in ("llada", "Dream", "sdar", "llada2_moe", "Fast_dLLM_Qwen", "sdar_moe"):
         name = re.sub(r"\W", "", model_type.capitalize()) + "DecodeConfig"
         cls = type(name, (PretrainedConfig,), {"model_type": model_type})
         try:

@@ -89,6 +89,17 @@ class Capabilities:
             canvas holds random tokens, re-noised until accepted: DiffusionGemma,
             ``policies.renoise``). Checked against ``model.noise_kind`` when the sampler is
             built: a mask-token policy on a uniform model (or the reverse) is an error.
+        edits: the selector may rewrite committed positions (token editing, LLaDA2.1's T2T;
+            re-noising an accepted position on a uniform-noise model is the same capability):
+            ``select`` may return ``types.Selection(commit, tokens, edit=...)`` with ``edit`` a
+            subset of ``StepState.editable`` (committed, generated, inside the current block,
+            fed this step). The decode contract checks that subset and bounds the edits: a
+            block whose positions are all committed keeps running only while its rows edit,
+            at most ``max_post_steps`` steps (``samplers.editing``). Implies
+            ``reads_masked_only=False`` (committed positions are scored too).
+        max_post_steps: with ``edits``, the steps a block may run after its last mask is
+            committed (LLaDA2.1 ``max_post_steps``; a post step that edits nothing ends the
+            row's block). Must be 0 without ``edits``.
     """
 
     budgeted: bool = True
@@ -107,6 +118,8 @@ class Capabilities:
     proposal_fields: tuple[str, ...] | None = None
     reads_masked_only: bool = False
     noise_kinds: tuple[str, ...] = ("mask",)
+    edits: bool = False
+    max_post_steps: int = 0
 
     def __post_init__(self) -> None:
         kinds = self.noise_kinds
@@ -124,6 +137,15 @@ class Capabilities:
         if isinstance(self.lookahead, bool) or not isinstance(self.lookahead, int) or (
                 self.lookahead < 0):
             raise ValueError(f"Capabilities.lookahead must be an int >= 0, got {self.lookahead!r}")
+        post = self.max_post_steps
+        if isinstance(post, bool) or not isinstance(post, int) or post < 0:
+            raise ValueError(f"Capabilities.max_post_steps must be an int >= 0, got {post!r}")
+        if post and not self.edits:
+            raise ValueError("Capabilities.max_post_steps needs edits=True (post steps exist "
+                             "only for selectors that rewrite committed positions)")
+        if self.edits and self.reads_masked_only:
+            raise ValueError("Capabilities(edits=True) reads committed positions: "
+                             "reads_masked_only must be False")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:

@@ -190,7 +190,8 @@ def load_optional_presets() -> None:
     """Import policy modules that register presets (later methods live in their own files)."""
     import importlib
 
-    for mod in ("sched", "learn2pd", "ete", "history", "s2d2", "window", "renoise"):
+    for mod in ("sched", "learn2pd", "ete", "history", "s2d2", "window", "editing",
+                "fastdllm2", "renoise"):
         try:
             importlib.import_module(f"dllm_decode.policies.{mod}")
         except ModuleNotFoundError as err:

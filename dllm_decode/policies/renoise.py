@@ -5,8 +5,10 @@ stop (DiffusionGemma; reference: Hugging Face transformers
 On a uniform-noise model (``model.noise_kind == "uniform"``) a canvas starts as uniformly random
 tokens. Every step the model proposes a token per position (a sample at the step's temperature);
 the **acceptance** rule (a selector) keeps some positions at their proposal and every other one
-is **re-noised** with a fresh random token. Re-noising rewrites a position accepted earlier (an
-edit): in the reference every step decides acceptance over the whole canvas again, so
+is **re-noised** with a fresh random token. Re-noising rewrites a position accepted earlier: an
+edit, declared with the editing capability (``Capabilities(edits=True)``; ``StepState.editable``
+marks the positions accepted at earlier steps of the canvas, ``Generation.edits`` records the
+ones rewritten). In the reference every step decides acceptance over the whole canvas again, so
 ``eligible`` is the whole canvas. With ``sticky=True`` an accepted position is final instead,
 and ``eligible`` is "not yet accepted" (the masked-decoding analogue).
 
@@ -159,9 +161,11 @@ class Renoise:
     @property
     def capabilities(self) -> Capabilities:
         inner = capabilities_of(self.accept, "selector")
+        # re-noising rewrites positions accepted at earlier steps: the editing capability
+        # (``Generation.edits`` records it); sticky acceptance never rewrites one
         return Capabilities(budgeted=False, needs_logits=inner.needs_logits,
                             proposal_fields=inner.proposal_fields, may_commit_nothing=True,
-                            noise_kinds=("uniform",), stochastic=True)
+                            noise_kinds=("uniform",), stochastic=True, edits=not self.sticky)
 
     def bind(self, model: Any, cfg: Any = None) -> Renoise:
         bind = getattr(self.accept, "bind", None)

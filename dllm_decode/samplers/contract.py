@@ -9,6 +9,11 @@ What ``DiffusionSampler.generate`` guarantees, and how each part is checked:
   entropy is, is checked instead);
 * **commits are eligible**: a selector that commits a position that is not eligible (a prompt
   token, an already committed one, a position outside the block) raises ``PolicyContractError``;
+* **edits are editable**: a selector declaring ``Capabilities(edits=True)`` may rewrite
+  positions of ``StepState.editable`` (committed, generated, in the current block, fed) to a
+  token other than the mask; anything else raises ``PolicyContractError``. Edits are bounded
+  per block (``samplers.editing``: the masked phase plus at most ``max_post_steps`` post
+  steps), so editing decodes terminate too;
 * **progress**: a selector that commits nothing in a row that had eligible positions (and a
   scheduled budget > 0) for a whole block's worth of steps raises ``StalledPolicyError`` naming
   the policy (selectors declaring ``may_commit_nothing`` are exempt, e.g. Dream's ``origin``);
@@ -94,6 +99,7 @@ class StepGuard:
         self._flags: list[Tensor] = []
         self._limits: tuple[int, bool] = (0, False)  # the observed step's stall limit, last
         self._last_step: tuple[Any, ...] = ()  # the observed step's tensors
+        self._bad_edit: Tensor | None = None  # the observed step's invalid edits [B, L]
 
     def start_block(self) -> None:
         """Reset the per-block progress record (sync-free; a new tensor: the last step's record
@@ -150,6 +156,16 @@ class StepGuard:
         self._flags = flags
         self._limits = (block_steps, last)
         self._last_step = (step, scores, live, at, commit, eligible, track)
+        self._bad_edit = None
+
+    def observe_edit(self, edit: Tensor, editable: Tensor, tokens: Tensor,
+                     mask_id: int) -> None:
+        """After ``observe``: record this step's invalid edits (sync-free), folded into the
+        "ineligible" flag: ``edit [B, L]`` outside ``editable [B, L]`` or writing ``mask_id``
+        (``tokens [B, L]``: the tokens written)."""
+        bad = edit & (~editable | (tokens == mask_id))
+        self._bad_edit = bad
+        self._flags[1] = self._flags[1] + bad.sum(dtype=torch.float64)
 
     def observe_fused(self, step: int, check: Tensor, commit: Tensor, eligible: Tensor,
                       expected: Tensor, block_steps: int, at: Tensor | None = None) -> None:
@@ -177,6 +193,7 @@ class StepGuard:
         self._flags = flags
         self._limits = (block_steps, False)
         self._last_step = (step, check, None, at, commit, eligible, track)
+        self._bad_edit = None
 
     def flags(self) -> list[Tensor]:
         """The last observed step's 0-d check values, to stack into the step's sync (in order;
@@ -208,6 +225,13 @@ class StepGuard:
                 f"at step {step} in rows {rows}; check the "
                 f"checkpoint (load_model(..., check_finite=True)), the dtype (fp16 overflow) "
                 f"and any logits processing")
+        bad_edit = self._bad_edit
+        if values[1] and bad_edit is not None and bool(bad_edit.any()):
+            raise PolicyContractError(
+                f"policy {self.policy!r} edited positions outside state.editable (masked, "
+                f"prompt, outside the current block, or in a row whose block is over) or wrote "
+                f"the mask token at step {step} in rows {_rows(bad_edit.any(1))}; "
+                f"Selection.edit must be a subset of state.editable")
         if values[1]:
             raise PolicyContractError(
                 f"policy {self.policy!r} committed positions that were not eligible (not masked "

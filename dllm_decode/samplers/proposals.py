@@ -45,6 +45,7 @@ class ProposalMaker:
         #: the kernel implementation, resolved once here (not inside a compiled step)
         self.impl = kernels.resolve_impl(cfg.impl, generator.device)
         self.mask_id = model.mask_token_id
+        self.block_size = getattr(model, "block_size", None)
         self.sampling = cfg.sampling or ("categorical" if family == "dream" else "gumbel")
         eos = tuple(getattr(model, "eos_token_ids", ()) or ())
         spec = getattr(model, "spec", None)
@@ -137,8 +138,9 @@ class ProposalMaker:
         z[..., self.mask_id] = -torch.inf
         if cfg.logits_eos_inf:
             z[..., self.eos] = -torch.inf
-        if self.sampling == "categorical":
-            z = filter_logits(z, cfg.temperature, cfg.top_p, cfg.top_k)
+        if self.sampling in ("categorical", "llada2"):
+            z = filter_logits(z, cfg.temperature, cfg.top_p, cfg.top_k,
+                              k_first=self.sampling == "llada2")
         elif cfg.temperature > 0:
             z = z / cfg.temperature
         return torch.softmax(z, dim=-1)
@@ -157,6 +159,8 @@ class ProposalMaker:
                 torch.rand(shape, dtype=torch.float64, generator=gen, device=logits.device)
             u = torch.rand(shape, dtype=torch.float64, generator=gen, device=logits.device)
             return u[:, rows - fed.fed_start]
+        if self.sampling == "llada2":
+            return self._block_noise(logits, fed)
         if self.after_select:  # origin: tokens are drawn after the reveal (resample_committed)
             return torch.ones_like(logits, dtype=torch.float32)
         at = masked[:, rows]
@@ -165,6 +169,24 @@ class ProposalMaker:
                              "position scored in the same forward (Dream's single block)")
         noise = torch.ones(b, rows.numel(), v, device=logits.device)
         noise[at] = torch.empty(n_masked, v, device=logits.device).exponential_(1, generator=gen)
+        return noise
+
+    def _block_noise(self, logits: Tensor, fed: Fed) -> Tensor:
+        """LLaDA2 (``rng="reference"``): one ``multinomial(probs [K, V], 1)`` per forward over
+        the ``K`` rows of the current aligned block, which ends at the fed span's end (prompt
+        and padding rows of the block included), i.e. Exp(1) noise ``[B, K, V]`` row-major;
+        scored rows before the block get no draw."""
+        b, r, v = logits.shape
+        k = self.block_size
+        if k is None or fed.span is None:
+            raise ValueError("sampling='llada2' with rng='reference' needs a block-diffusion "
+                             "model fed one contiguous span (cache 'none' or 'block_causal')")
+        lo, hi = fed.span
+        drawn = torch.empty(b, k, v, device=logits.device).exponential_(1,
+                                                                        generator=self.generator)
+        noise = torch.ones(b, r, v, device=logits.device)
+        first = max(lo, hi - k)  # the block's first scored row
+        noise[:, first - lo:] = drawn[:, first - (hi - k):]
         return noise
 
     def _demote_eos(self, logits: Tensor, prop: Proposal) -> Proposal:

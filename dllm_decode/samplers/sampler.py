@@ -17,6 +17,7 @@ from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.batching import decode_groups, split_rows
 from dllm_decode.samplers.contract import StepGuard, expected_rows
+from dllm_decode.samplers.editing import EditTracker
 from dllm_decode.samplers.fused import fused_step, span_selector
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.params import build_policy, replace_config
@@ -27,6 +28,7 @@ from dllm_decode.samplers.step import (
     StepParts,
     bits_per_step,
     compile_step,
+    end_rows_at_eos,
     fill_after_eos,
     post_forward,
     step_progress,
@@ -56,7 +58,11 @@ class DiffusionSampler:
     5. **select**: the policy turns the ``StepState`` into a commit mask (subset of eligible);
     6. **stop / truncate**: optional stopper (commit everything at its argmax) and truncator
        (EoTP: shorten the row, crop visible keys);
-    7. **commit**: write tokens, record the commit step and the information committed.
+    7. **commit**: write tokens, record the commit step and the information committed; a
+       selector declaring ``Capabilities(edits=True)`` may also rewrite committed positions
+       of the block (``Selection.edit``, LLaDA2.1 token editing), and a block whose masks are
+       all committed then runs on while its rows edit, at most ``max_post_steps`` steps
+       (``samplers.editing``; recorded in ``Generation.edits``).
 
     Steps 4-7 are ``samplers.step.post_forward``; for exactly ``TopK(prob)`` / ``Threshold(prob)``
     with nothing else reading the step (no stopper, truncator, ``on_step``, ``debug``), every
@@ -174,7 +180,8 @@ class DiffusionSampler:
             return decode_uniform(model, selector, stopper, prompt, valid_prompt, cfg,
                                   policy.name, on_step)
         b, p = prompt.shape
-        g = cfg.gen_length
+        # the decoded span: G, or (``decode_block_padding``, LLaDA2's quirk) up to a block end
+        g, g_out = sch.padded_gen_length(model, cfg, p), cfg.gen_length
         length = p + g
         device = prompt.device
         mask_id = model.mask_token_id
@@ -216,8 +223,13 @@ class DiffusionSampler:
             maker.impl = Impl.REFERENCE
         parts = StepParts(maker, selector, stopper, guard, caps.needs_logits,
                           sel_caps.proposes_after_select)
-        fuse = span_selector(selector, stopper, truncator, caps, on_step=on_step,
-                             debug=self.debug, compile=self.compile)
+        # editing policies: the per-row post-step state (``samplers.editing``)
+        tracker = (EditTracker(b, device, sel_caps.max_post_steps) if sel_caps.edits
+                   else None)
+        edit_log: list[Tensor] = []  # [B, G] per step, stacked at the end
+        fuse = None if tracker is not None else span_selector(
+            selector, stopper, truncator, caps, on_step=on_step, debug=self.debug,
+            compile=self.compile)
         run_step = self._step_function(caps, cfg, device)
 
         memory = init_memory_of(selector, b, length, device)
@@ -246,17 +258,23 @@ class DiffusionSampler:
         step = forwards = 0
         total_steps = sum(block_steps) if block_steps else g
 
+        no_edit = torch.zeros(b, g, dtype=torch.bool, device=device)
+        no_budget = torch.zeros(b, dtype=torch.long, device=device)
         for blk, (bs, be, aligned) in enumerate(layout):
             steps_per_block = block_steps[blk] if block_steps else None
-            n_iter = steps_per_block or cfg.max_steps_per_block or (be - lo)
-            times = sch.dream_times(n_iter, cfg.eps, device) if schedule == "dream" else None
+            # the commit phase's steps, then (editing) at most ``max_post_steps`` post steps
+            n_commit = steps_per_block or cfg.max_steps_per_block or (be - lo)
+            n_iter = n_commit + (sel_caps.max_post_steps if tracker is not None else 0)
+            times = sch.dream_times(n_commit, cfg.eps, device) if schedule == "dream" else None
             fractions = None if times is None else sch.dream_fractions(times)
             # LLaDA: the block's whole budget schedule [B] x S (and budget > 0), once per block
             budgets = positive = None
             if steps_per_block and schedule != "dream":
-                schedule_t = sch.llada_budgets((canvas[:, bs:be] == mask_id).sum(1), n_iter)
+                schedule_t = sch.llada_budgets((canvas[:, bs:be] == mask_id).sum(1), n_commit)
                 budgets, positive = schedule_t.unbind(1), (schedule_t > 0).unbind(1)
             guard.start_block()
+            if tracker is not None:
+                tracker.start_block((canvas[:, bs:be] == mask_id).any(1))
             for i in range(n_iter):
                 masked = canvas == mask_id
                 model_canvas = canvas
@@ -267,14 +285,19 @@ class DiffusionSampler:
                 # the one host sync per step: is anything still masked in this block? (plus
                 # the integers the plan needs to shape its forward, and the contract's flag)
                 flags = guard.flags()
+                # editing: the rows still in a post step (``EditTracker.begin_step``)
+                extra = ([] if tracker is None
+                         else [tracker.begin_step(masked[:, bs:be].any(1))])
                 f64 = torch.float64  # one dtype for the stack (the guard's flags are float64)
                 counts = torch.stack([masked[:, bs:be].sum(dtype=f64), masked.sum(dtype=f64),
-                                      *flags])
+                                      *flags, *extra])
                 synced = (counts if need is None else torch.cat([counts, need])).tolist()
                 guard.raise_if(synced[2:2 + len(flags)])
                 n_left, n_masked = int(synced[0]), int(synced[1])
-                host = [int(v) for v in synced[2 + len(flags):]]
-                if n_left == 0 and not (cfg.exact_steps and steps_per_block):
+                n_edit = int(synced[2 + len(flags)]) if extra else 0
+                host = [int(v) for v in synced[2 + len(flags) + len(extra):]]
+                if n_left == 0 and not n_edit and not (
+                        cfg.exact_steps and steps_per_block and i < n_commit):
                     break
                 reach = min(be + lookahead, length)
                 fed = plan.forward(model_canvas, (bs, reach), aligned, i, lo, full_span,
@@ -295,19 +318,26 @@ class DiffusionSampler:
                 if lookahead:  # batch invariance: a row whose block is complete waits
                     eligible = eligible & masked[:, bs:be].any(1, keepdim=True)
                 budget = None
-                if budgets is not None:
+                if i >= n_commit and (budgets is not None or steps_per_block):
+                    budget = no_budget  # a post step: nothing scheduled
+                elif budgets is not None:
                     budget = budgets[i]
                 elif steps_per_block:
-                    budget = sch.dream_budget(masked, times, i, n_iter, fractions)
-                active = eligible.any(1)
+                    budget = sch.dream_budget(masked, times, i, n_commit, fractions)
+                has_eligible = active = eligible.any(1)
+                editable = None
+                if tracker is not None:  # rows in a post step still take part (and count)
+                    active = active | tracker.post
+                    editable = tracker.editable(masked, fresh, spans.get(max(bs, p), be))
                 step_model.begin(model_canvas, active)
                 # the contract's per-step inputs (samplers.contract; see post_forward)
                 # masked fed rows, known on the host when the rows end with the block (no mask
                 # before it): lets the proposal skip counting them (``masked_rows``)
                 in_rows = n_left if reach == be and not full_span and lo == p else None
-                expected = expected_rows(active, budget,
-                                         None if positive is None else positive[i])
-                stall_limit = min(n_iter, be - bs)
+                expected = expected_rows(has_eligible, budget,
+                                         None if positive is None or i >= n_commit
+                                         else positive[i])
+                stall_limit = min(n_commit, be - bs)
                 step_refreshed = (spans.flag(fed.refresh) if fed.refreshed is None
                                   else fed.refreshed[:b])
                 state = commit = None
@@ -318,24 +348,29 @@ class DiffusionSampler:
                 else:
                     info = dict(
                         step=step, block=blk, block_start=bs, block_end=be, gen_start=p,
-                        steps_left=(n_iter - i) if steps_per_block or times is not None
+                        block_step=i,
+                        steps_left=max(n_commit - i, 1) if steps_per_block or times is not None
                         else None,
                         progress=step_progress(step / max(total_steps - 1, 1), self.compile,
                                                device),
                         generator=gen, forward_start=fed.fed_start, forward_width=fed.fed_width,
-                        times=(times[i], times[i + 1]) if times is not None else None,
+                        times=(times[i], times[i + 1]) if times is not None and i < n_commit
+                        else None,
                         memory=memory, extras={"n_masked": n_masked, "lengths": lengths,
                                                "refresh": fed.refresh,
                                                "total_steps": total_steps},
                         model=step_model, refreshed=step_refreshed)
                     ctl = dict(n_masked=n_masked, in_rows=in_rows, expected=expected,
-                               last=i == n_iter - 1, stall_limit=stall_limit,
-                               force_end=spans.get(bs, be) if i == n_iter - 1 and lo == p
-                               else None)
+                               last=i == n_commit - 1, stall_limit=stall_limit,
+                               force_end=spans.get(bs, be) if i == n_commit - 1 and lo == p
+                               else None, editable=editable, mask_id=mask_id)
                     out = run_step(parts, fed, logits, rows, live, canvas, masked, fresh,
                                    eligible, budget, commit_at, commit_prob, info, ctl)
                     state, commit, canvas, commit_prob = out.state, out.commit, out.canvas, \
                         out.commit_prob
+                    if tracker is not None:
+                        tracker.end_step(out.edit)
+                        edit_log.append(no_edit if out.edit is None else out.edit[:, p:])
                     forwards += step_model.calls
                     if self.debug:
                         check_commit(state, out.selected,
@@ -350,19 +385,30 @@ class DiffusionSampler:
                 refreshed.append(step_refreshed)
                 took_part.append(active)
                 if cfg.stop_at_eos and model.eos_token_ids:
-                    canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id)
+                    canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id,
+                                            committed_at=step if cfg.eos_stop_on_commit
+                                            else None, commit_at=commit_at)
                 if on_step is not None:  # never with the fused step (``span_selector``)
                     on_step(state, commit)
                 step += 1
+            if cfg.block_eos_stop and model.eos_token_ids:  # rows with an EOS end here
+                canvas = end_rows_at_eos(canvas, mask_id, model.eos_token_ids, p, be, fill_id)
         guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
         nfe = (torch.stack(took_part, 1).sum(1) if took_part
                else torch.zeros(b, dtype=torch.long, device=device))
         bits_t = bits_per_step(commit_at, commit_prob, step)
         refreshed_t = (torch.stack(refreshed, 1) if refreshed
                        else torch.zeros(b, 0, dtype=torch.bool, device=device))
+        edits = None
+        if tracker is not None:
+            edits = (torch.stack(edit_log, 1) if edit_log
+                     else torch.zeros(b, 0, g, dtype=torch.bool, device=device))
+        if g != g_out:  # decode_block_padding: the padding positions are cut
+            canvas, commit_at = canvas[:, :p + g_out], commit_at[:, :p + g_out]
+            lengths, edits = lengths.clamp(max=g_out), None if edits is None else edits[..., :g_out]
         return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
                           commit_step=commit_at[:, p:].clone(), bits=bits_t, lengths=lengths,
-                          refreshed=refreshed_t, step_forwards=step_forwards)
+                          refreshed=refreshed_t, step_forwards=step_forwards, edits=edits)
 
     def _step_function(self, caps: Capabilities, cfg: SamplerConfig,
                        device: torch.device) -> Callable[..., Any]:

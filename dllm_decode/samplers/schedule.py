@@ -41,6 +41,17 @@ def aligned_blocks(gen_start: int, total: int, block_size: int) -> list[tuple[in
     return out
 
 
+def padded_gen_length(model: Any, cfg: SamplerConfig, p: int) -> int:
+    """The generated span the loop decodes: ``cfg.gen_length``, or with
+    ``cfg.decode_block_padding`` on a block-diffusion model, up to the end of the block that
+    holds position ``P + G`` (LLaDA2's ``generate``: ``ceil((P + G) / K) * K - P``)."""
+    g = cfg.gen_length
+    if not cfg.decode_block_padding or model.attention != "block_causal":
+        return g
+    k = model.block_size
+    return -(-(p + g) // k) * k - p
+
+
 def llada_budget(n_block: Tensor, step: int, steps: int) -> Tensor:
     """``[B]`` commits at ``step`` (0-based) of ``steps`` for a block that had ``n_block``."""
     return n_block // steps + (step < n_block % steps).long()

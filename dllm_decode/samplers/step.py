@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.cache.plans import Fed, ForwardPlan
-from dllm_decode.samplers.contract import StepGuard
+from dllm_decode.samplers.contract import PolicyContractError, StepGuard
 from dllm_decode.samplers.proposals import ProposalMaker, widen, widen_at
 from dllm_decode.types import Selection, StepState
 
@@ -50,13 +50,15 @@ class StepParts:
 class StepOut:
     """``post_forward``'s result: the new canvas ``[B, L]``, the commit mask ``[B, L]`` (with
     the stopper's greedy commits), the selector's own mask ``selected [B, L]``, the updated
-    ``commit_prob [B, L]`` and the step's ``StepState``."""
+    ``commit_prob [B, L]``, the step's ``StepState`` and its edits ``[B, L]`` (``None``: the
+    policy does not edit, or returned no ``Selection.edit``)."""
 
     canvas: Tensor
     commit: Tensor
     selected: Tensor
     commit_prob: Tensor
     state: StepState
+    edit: Tensor | None = None
 
 
 def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live: Tensor | None,
@@ -82,7 +84,8 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
             ``contract.expected_rows``),
             ``last`` (the block's last step), ``stall_limit`` (a block's worth of steps),
             ``force_end`` (``[B, L]`` bool block mask on a last step that commits every
-            eligible position left, else ``None``).
+            eligible position left, else ``None``), ``editable`` (``[B, L]`` bool, for
+            editing policies, ``samplers.editing``; absent otherwise) and ``mask_id``.
     """
     maker = parts.maker
     masked_rows = maker.masked_rows(logits, fed, live, masked, ctl.get("in_rows"))
@@ -95,9 +98,10 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
         full_prop = widen_at(checked, canvas, masked_rows[1])
         fresh = masked & fresh
         checked_live = None
+    editable = ctl.get("editable")
     state = StepState(proposal=full_prop, eligible=eligible, masked=masked, fresh=fresh,
                       canvas=canvas, budget=budget, rows=rows,
-                      logits=logits if parts.needs_logits else None,
+                      logits=logits if parts.needs_logits else None, editable=editable,
                       **info)
     chosen = parts.selector.select(state)
     sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
@@ -110,9 +114,16 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     if ctl["force_end"] is not None:  # force_block_end (prompt masks: LLaDA's carry-over)
         commit = commit | (eligible & ctl["force_end"])
     selected = commit
+    edit = sel.edit if editable is not None else None
+    if sel.edit is not None and editable is None:
+        raise PolicyContractError(f"policy {guard.policy!r} returned Selection.edit without "
+                                  "declaring it: capabilities = Capabilities(edits=True)")
+    if edit is not None:
+        guard.check_shape(edit, editable)
+    write = commit if edit is None else commit | edit
     tokens, prob = full_prop.tokens, full_prop.prob
     if sel.tokens is not None:
-        tokens = torch.where(commit, sel.tokens, tokens)
+        tokens = torch.where(write, sel.tokens, tokens)
     if sel.prob is not None:
         prob = torch.where(commit, sel.prob.to(prob.dtype), prob)
     if parts.after_select:
@@ -123,10 +134,13 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
         if full_prop.argmax is not None:  # sampled proposals: stops take the argmax
             tokens = torch.where(greedy & ~commit, full_prop.argmax, tokens)
         commit = commit | greedy
-    canvas = torch.where(commit, tokens, canvas)
+        write = write | greedy
+    if edit is not None:
+        guard.observe_edit(edit, editable, tokens, ctl["mask_id"])
+    canvas = torch.where(write, tokens, canvas)
     commit_at.masked_fill_(commit, info["step"])
     commit_prob = torch.where(commit, prob, commit_prob)
-    return StepOut(canvas, commit, selected, commit_prob, state)
+    return StepOut(canvas, commit, selected, commit_prob, state, edit)
 
 
 def compile_step(device: torch.device, backend: str = "inductor") -> Any:
@@ -239,12 +253,30 @@ def step_progress(value: float, compiled: bool | str, device: torch.device) -> f
 
 
 def fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,
-                   fill_id: int) -> Tensor:
-    """Rows with a committed EOS and nothing masked before it: masks after it become EOS."""
+                   fill_id: int, *, committed_at: int | None = None,
+                   commit_at: Tensor | None = None) -> Tensor:
+    """Rows with a committed EOS and nothing masked before it: masks after it become EOS.
+    With ``committed_at`` (a step) only rows that committed an EOS at that step
+    (``commit_at [B, L]``: each position's commit step) are checked (LLaDA2.0's
+    ``eos_early_stop``)."""
     gen = canvas[:, p:]
     is_eos = torch.isin(gen, torch.tensor(eos_ids, device=canvas.device))
+    now = None
+    if committed_at is not None and commit_at is not None:
+        now = (is_eos & (commit_at[:, p:] == committed_at)).any(1)
     idx = torch.arange(gen.shape[1], device=canvas.device)
     first = torch.where(is_eos, idx, gen.shape[1]).min(1).values
     masked_before = ((gen == mask_id) & (idx[None] < first[:, None])).any(1)
-    fill = (~masked_before)[:, None] & (idx[None] > first[:, None]) & (gen == mask_id)
+    stop = ~masked_before if now is None else ~masked_before & now
+    fill = stop[:, None] & (idx[None] > first[:, None]) & (gen == mask_id)
     return torch.cat([canvas[:, :p], torch.where(fill, fill_id, gen)], dim=1)
+
+
+def end_rows_at_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int, end: int,
+                    fill_id: int) -> Tensor:
+    """After a block ending at ``end``: rows whose generated part ``[p, end)`` holds an EOS
+    stop (their masks past ``end`` become ``fill_id``; ``SamplerConfig.block_eos_stop``)."""
+    eos = torch.tensor(eos_ids, device=canvas.device)
+    hit = torch.isin(canvas[:, p:end], eos).any(1)
+    after = torch.arange(canvas.shape[1], device=canvas.device) >= end
+    return torch.where(hit[:, None] & after[None] & (canvas == mask_id), fill_id, canvas)

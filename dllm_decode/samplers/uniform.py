@@ -154,7 +154,9 @@ def decode_uniform(model: Any, selector: Renoise, stopper: Any, prompt: Tensor, 
 
     Returns a ``Generation``: ``tokens [B, P + G]`` (positions of canvases never decoded, and
     everything after a row's first EOS, hold ``pad_token_id``), per-row NFE, ``commit_step``
-    = the step each position was last accepted at (-1: only the final argmax set it)."""
+    = the step each position was first accepted at (-1: only the final argmax set it),
+    ``edits [B, steps, G]`` = accepted positions each step rewrote (re-noised or re-sampled to
+    another token; ``None`` with ``sticky``, which never rewrites)."""
     c, n_canvas, budget = check_uniform_config(model, cfg)
     steps = budget or int(selector.max_denoising_steps)
     b, p = prompt.shape
@@ -178,6 +180,8 @@ def decode_uniform(model: Any, selector: Renoise, stopper: Any, prompt: Tensor, 
     nonfinite = torch.zeros(b, dtype=torch.bool, device=device)
     step = forwards = 0
     bits: list[Tensor] = []
+    edits: list[Tensor] = []  # [B, C] per step: accepted positions rewritten
+    canvas_of: list[int] = []  # the canvas index of each step
     sync = stopper is not None or selector.sticky
     for k in range(n_canvas):
         bs, be = p + k * c, p + (k + 1) * c
@@ -188,6 +192,7 @@ def decode_uniform(model: Any, selector: Renoise, stopper: Any, prompt: Tensor, 
         unchanged = torch.zeros(b, dtype=torch.long, device=device)
         stopped = torch.zeros(b, dtype=torch.bool, device=device)
         kept = torch.zeros(b, c, dtype=torch.bool, device=device)  # sticky: accepted for good
+        accepted_once = torch.zeros(b, c, dtype=torch.bool, device=device)
         span_mask = torch.zeros(b, length, dtype=torch.bool, device=device)
         span_mask[:, bs:be] = True
         for i in range(steps):
@@ -210,8 +215,13 @@ def decode_uniform(model: Any, selector: Renoise, stopper: Any, prompt: Tensor, 
             eligible = span_mask & ~torch.cat(
                 [torch.zeros(b, bs, dtype=torch.bool, device=device), kept,
                  torch.zeros(b, length - be, dtype=torch.bool, device=device)], 1)
+            editable = None
+            if not selector.sticky:  # positions accepted at earlier steps of this canvas
+                editable = torch.zeros_like(eligible)
+                editable[:, bs:be] = accepted_once
             state = StepState(
                 proposal=_widen(prop, full_canvas, bs), eligible=eligible, masked=eligible,
+                editable=editable, block_step=i,
                 fresh=span_mask, canvas=full_canvas, step=step, block=k, block_start=bs,
                 block_end=be, gen_start=p, steps_left=steps - i, budget=None,
                 progress=i / max(steps - 1, 1), generator=gen, forward_start=bs,
@@ -224,6 +234,7 @@ def decode_uniform(model: Any, selector: Renoise, stopper: Any, prompt: Tensor, 
             noise = torch.randint(0, v, (b, c), generator=gen, device=device)
             new_canvas = torch.where(accept, sample, noise)
             new_canvas = torch.where(kept, canvas, new_canvas)
+            prev_canvas = canvas
             # rows stopped earlier keep their canvas, argmax and self-conditioning (reference)
             frozen = stopped[:, None]
             new_argmax = torch.where(frozen, argmax, new_argmax)
@@ -232,10 +243,17 @@ def decode_uniform(model: Any, selector: Renoise, stopper: Any, prompt: Tensor, 
             unchanged = torch.where((new_argmax == prev_argmax).all(1), unchanged + 1, 0)
             prev_argmax = argmax = new_argmax
             live = accept & ~frozen
-            commit_at[:, bs:be].masked_fill_(live, step)
-            commit_prob[:, bs:be] = torch.where(live, prop.prob.double(), commit_prob[:, bs:be])
-            bits.append(torch.where(live, -prop.prob.double().clamp_min(1e-300).log(), 0.0)
+            # an accepted position rewritten (re-noised or re-sampled to another token) is an
+            # edit; commit_step / bits keep each position's first acceptance
+            edited = accepted_once & ~frozen & (canvas != prev_canvas)
+            edits.append(edited)
+            canvas_of.append(k)
+            first = live & ~accepted_once
+            commit_at[:, bs:be].masked_fill_(first, step)
+            commit_prob[:, bs:be] = torch.where(first, prop.prob.double(), commit_prob[:, bs:be])
+            bits.append(torch.where(first, -prop.prob.double().clamp_min(1e-300).log(), 0.0)
                         .sum(1))
+            accepted_once = accepted_once | live
             if selector.sticky:
                 kept = kept | live
                 stopped = stopped | kept.all(1)
@@ -264,8 +282,15 @@ def decode_uniform(model: Any, selector: Renoise, stopper: Any, prompt: Tensor, 
         model.encode(final, cache, prompt=False)
     bits_t = torch.stack(bits, 1) if bits else torch.zeros(b, 0, dtype=torch.float64,
                                                              device=device)
+    edits_t = None
+    if not selector.sticky:  # [B, steps, G]: each step's edits at their canvas positions
+        edits_t = torch.zeros(b, step, length - p, dtype=torch.bool, device=device)
+        for s_, e in enumerate(edits):
+            k_ = int(canvas_of[s_])
+            edits_t[:, s_, k_ * c:(k_ + 1) * c] = e
+        edits_t = edits_t[:, :, :g]
     return Generation(tokens=tokens[:, :p + g], nfe=nfe, forwards=forwards, steps=step,
                       prompt_length=p, commit_step=commit_at[:, p:p + g].clone(), bits=bits_t,
                       lengths=torch.full((b,), g, dtype=torch.long, device=device),
                       refreshed=torch.ones(b, step, dtype=torch.bool, device=device),
-                      step_forwards=[1] * step)
+                      step_forwards=[1] * step, edits=edits_t)

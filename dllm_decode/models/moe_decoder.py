@@ -1,0 +1,290 @@
+"""The decoder shared by the 2026 MoE families (LLaDA2, LLaDA-MoE, SDAR-MoE).
+
+Pre-norm stack: embedding, per layer RMSNorm -> attention -> residual -> RMSNorm -> MLP (dense
+SwiGLU or ``SparseMoE``) -> residual, final RMSNorm, untied LM head; logits position-aligned.
+Attention: a fused head-major ``[Q heads | K heads | V heads]`` projection (LLaDA2) or separate
+q/k/v, optional per-head q/k RMSNorm before RoPE, **partial RoPE** (rotate-half on the first
+``rotary_dim`` dims of each head, frequencies ``theta^(-2i / rotary_dim)``, the rest passes
+through; ``rotary_dim == head_dim`` is ordinary RoPE), scale ``1/sqrt(head_dim)``, GQA.
+
+Family specifics live in ``ModelSpec.extra["arch"]`` (``ArchSpec``); each family module adds
+its tensor-name table. Experts are stacked per layer (``sparse_moe.Experts``) while the
+checkpoints store one tensor per expert: ``checkpoint_layout`` says which checkpoint tensor is
+which slice, ``load_model`` fills the slices shard by shard, ``checkpoint_state_dict`` writes
+them back per expert. Nothing is cached on modules; K/V live in the ``BlockKVCache`` passed to
+``forward`` (same contract as ``DecoderLM.forward``).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dllm_decode.cache.kv import BlockKVCache
+from dllm_decode.models.base import DecoderLM, ModelSpec, RMSNorm
+from dllm_decode.models.functional import block_causal_mask
+from dllm_decode.models.sparse_moe import DenseMLP, MoEImpl, MoESpec, SparseMoE
+
+
+@dataclass(frozen=True)
+class ArchSpec:
+    """What the MoE families add to ``ModelSpec`` (kept in ``spec.extra["arch"]``)."""
+
+    moe: MoESpec
+    moe_layers: tuple[bool, ...]  # per layer: sparse MLP (True) or dense SwiGLU
+    rotary_dim: int
+    fused_qkv: bool = False
+    out_bias: bool = False
+
+
+def arch_of(spec: ModelSpec) -> ArchSpec:
+    return spec.extra["arch"]
+
+
+def partial_rope_tables(positions: Tensor, rotary_dim: int, theta: float
+                        ) -> tuple[Tensor, Tensor]:
+    """positions ``[B, N]`` -> fp32 ``cos, sin [B, 1, N, rotary_dim]`` (rotate-half layout,
+    inverse frequencies ``theta^(-2i / rotary_dim)``)."""
+    inv = 1.0 / (theta ** (torch.arange(0, rotary_dim, 2, device=positions.device,
+                                        dtype=torch.float) / rotary_dim))
+    freqs = positions.float()[..., None] * inv
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos(), emb.sin()
+
+
+def apply_partial_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """Rotate the first ``cos.shape[-1]`` dims of ``x [B, H, N, D]`` (fp32), pass the rest."""
+    r = cos.shape[-1]
+    rot = x[..., :r].float()
+    a, b = rot.chunk(2, dim=-1)
+    rot = rot * cos + torch.cat((-b, a), dim=-1) * sin
+    if r == x.shape[-1]:
+        return rot.to(x.dtype)
+    return torch.cat((rot.to(x.dtype), x[..., r:]), dim=-1)
+
+
+class MoEAttention(nn.Module):
+    """Attention with fused or separate q/k/v, per-head q/k norm and partial RoPE."""
+
+    def __init__(self, spec: ModelSpec) -> None:
+        super().__init__()
+        arch = arch_of(spec)
+        self.spec = spec
+        h, hd = spec.hidden_size, spec.head_dim
+        nq, nkv = spec.num_heads * hd, spec.num_kv_heads * hd
+        if arch.fused_qkv:
+            self.qkv_proj = nn.Linear(h, nq + 2 * nkv, bias=spec.qkv_bias)
+        else:
+            self.q_proj = nn.Linear(h, nq, bias=spec.qkv_bias)
+            self.k_proj = nn.Linear(h, nkv, bias=spec.qkv_bias)
+            self.v_proj = nn.Linear(h, nkv, bias=spec.qkv_bias)
+        self.o_proj = nn.Linear(nq, h, bias=arch.out_bias)
+        if spec.qk_norm:
+            self.q_norm = RMSNorm(hd, spec.norm_eps)
+            self.k_norm = RMSNorm(hd, spec.norm_eps)
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
+                cache: BlockKVCache | None, slots: Tensor, store: bool) -> Tensor:
+        """x ``[B, N, h]`` -> ``[B, N, h]``; ``mask`` as in ``MoEDecoderLM.forward``."""
+        s = self.spec
+        b, n, _ = x.shape
+        if hasattr(self, "qkv_proj"):
+            q, k, v = self.qkv_proj(x).view(b, n, s.num_heads + 2 * s.num_kv_heads,
+                                            s.head_dim).split(
+                [s.num_heads, s.num_kv_heads, s.num_kv_heads], dim=2)
+        else:
+            q = self.q_proj(x).view(b, n, s.num_heads, s.head_dim)
+            k = self.k_proj(x).view(b, n, s.num_kv_heads, s.head_dim)
+            v = self.v_proj(x).view(b, n, s.num_kv_heads, s.head_dim)
+        if s.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H*, N, D]
+        q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
+        if cache is not None:
+            if store:
+                cache.write(layer, slots, k, v)
+                k, v = cache.layer(layer)
+            else:
+                ck, cv = cache.layer(layer)
+                k, v = torch.cat((ck, k), dim=2), torch.cat((cv, v), dim=2)
+        attn_mask = None
+        if mask is not None:
+            attn_mask = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]
+        out = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, scale=1.0 / math.sqrt(s.head_dim),
+            enable_gqa=s.num_heads != s.num_kv_heads)
+        return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
+
+
+class MoELayer(nn.Module):
+    """Pre-norm block with a dense or sparse MLP."""
+
+    def __init__(self, spec: ModelSpec, sparse: bool) -> None:
+        super().__init__()
+        arch = arch_of(spec)
+        self.attn_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.attn = MoEAttention(spec)
+        self.mlp_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.mlp: nn.Module = (SparseMoE(spec.hidden_size, arch.moe) if sparse
+                               else DenseMLP(spec.hidden_size, spec.intermediate_size))
+
+    def forward(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, index: int,
+                cache: BlockKVCache | None, slots: Tensor, store: bool,
+                moe_impl: MoEImpl) -> Tensor:
+        h = h + self.attn(self.attn_norm(h), cos, sin, mask, index, cache, slots, store)
+        x = self.mlp_norm(h)
+        return h + (self.mlp(x, moe_impl) if isinstance(self.mlp, SparseMoE) else self.mlp(x))
+
+
+class MoEDecoderLM(DecoderLM):
+    """``DiffusionLM`` for the MoE families (see the module docstring).
+
+    ``moe_impl``: ``"grouped"`` (default) or ``"reference"`` (the per-expert loop).
+    ``expert_names``: ``(internal regex, checkpoint template)`` pairs for the stacked expert
+    tensors; the template's last ``{}`` is the expert index.
+    """
+
+    expert_names: tuple[tuple[str, str], ...] = ()
+    moe_impl: MoEImpl = "grouped"
+
+    def __init__(self, spec: ModelSpec) -> None:
+        nn.Module.__init__(self)
+        arch = arch_of(spec)
+        if len(arch.moe_layers) != spec.num_layers:
+            raise ValueError(f"{len(arch.moe_layers)} per-layer MoE flags for "
+                             f"{spec.num_layers} layers")
+        if arch.rotary_dim % 2 or not 0 < arch.rotary_dim <= spec.head_dim:
+            raise ValueError(f"rotary_dim {arch.rotary_dim} must be even and in (0, head_dim "
+                             f"{spec.head_dim}]")
+        self.spec = spec
+        self.embed = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        self.layers = nn.ModuleList(MoELayer(spec, sparse) for sparse in arch.moe_layers)
+        self.norm = RMSNorm(spec.hidden_size, spec.norm_eps)
+        self.head = nn.Linear(spec.hidden_size, spec.vocab_size, bias=False)
+
+    def rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor]:
+        """``positions [B, N]`` -> fp32 ``cos, sin [B, 1, N, rotary_dim]``."""
+        return partial_rope_tables(positions, arch_of(self.spec).rotary_dim,
+                                   self.spec.rope_theta)
+
+    def with_block_size(self, block_size: int) -> MoEDecoderLM:
+        """A view of the same weights with another attention block size (block-causal
+        families: LLaDA2 decodes with the generation's ``block_length``)."""
+        if self.spec.attention != "block_causal":
+            raise ValueError(f"{self.spec.family} attention is {self.spec.attention!r}; only "
+                             "block-causal models have a block size")
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.spec = replace(self.spec, block_size=block_size)
+        return other
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        *,
+        cache: BlockKVCache | None = None,
+        slots: Tensor | None = None,
+        mask: Tensor | None = None,
+        store: bool = True,
+        hidden_rows: Tensor | None = None,
+        rope: tuple[Tensor, Tensor] | None = None,
+    ) -> Tensor:
+        """Logits ``[B, N, V]`` (``[B, R, V]`` with ``hidden_rows``); the arguments are those
+        of ``DecoderLM.forward``: tokens / positions ``[B, N]``, an optional cache written at
+        ``slots`` when ``store``, ``mask`` bool ``[B, N, Lk]`` or key mask ``[B, Lk]``
+        (``None``: all visible; block-causal models build their block mask when uncached)."""
+        if tokens.shape != positions.shape or tokens.dim() != 2:
+            raise ValueError(f"tokens {tuple(tokens.shape)} and positions "
+                             f"{tuple(positions.shape)} must both be [B, N]")
+        if slots is None:
+            slots = positions
+        if mask is None and self.spec.attention == "block_causal":
+            if cache is not None:
+                raise ValueError("pass an explicit mask for cached block-causal forwards")
+            mask = block_causal_mask(positions, positions, self.spec.block_size)
+        h = self.embed(tokens)
+        cos, sin = self.rope_tables(positions) if rope is None else rope
+        for i, layer in enumerate(self.layers):
+            h = layer(h, cos, sin, mask, i, cache, slots, store, self.moe_impl)
+        h = self.norm(h)
+        if self.spec.logit_shift:
+            h = torch.cat((h[:, :1], h[:, :-1]), dim=1)
+        if hidden_rows is not None:
+            h = h.index_select(1, hidden_rows)
+        return self.head(h)
+
+    # ---- checkpoint names: stacked experts <-> one tensor per expert -----------------------
+    def checkpoint_layout(self) -> dict[str, tuple[str, int | None]]:
+        """Checkpoint tensor name -> (internal name, expert index or ``None`` = whole)."""
+        out: dict[str, tuple[str, int | None]] = {}
+        for internal, value in self.state_dict().items():
+            for pattern, template in self.expert_names:
+                m = re.fullmatch(pattern, internal)
+                if m:
+                    for e in range(value.shape[0]):
+                        out[template.format(*m.groups(), e)] = (internal, e)
+                    break
+            else:
+                out[_checkpoint_name(self.names, internal)] = (internal, None)
+        return out
+
+    def checkpoint_state_dict(self) -> dict[str, Tensor]:
+        """State dict under the released checkpoint's tensor names (one tensor per expert)."""
+        state = self.state_dict()
+        return {name: state[internal] if e is None else state[internal][e]
+                for name, (internal, e) in self.checkpoint_layout().items()}
+
+
+_L = r"layers\.(\d+)\."
+_M = "model.layers.{}."
+
+#: Qwen-MoE / OLMoE-style names (LLaDA-MoE, SDAR-MoE); the shared expert, when a family has
+#: one, sits on the decoder layer (``model.layers.{i}.shared_expert``)
+QWEN_MOE_NAMES = (
+    (r"embed\.weight", "model.embed_tokens.weight"),
+    (_L + r"attn_norm\.weight", _M + "input_layernorm.weight"),
+    (_L + r"attn\.(q|k|v|o)_proj\.(weight|bias)", _M + "self_attn.{}_proj.{}"),
+    (_L + r"attn\.(q|k)_norm\.weight", _M + "self_attn.{}_norm.weight"),
+    (_L + r"mlp_norm\.weight", _M + "post_attention_layernorm.weight"),
+    (_L + r"mlp\.(gate|up|down)_proj\.weight", _M + "mlp.{}_proj.weight"),
+    (_L + r"mlp\.gate\.weight", _M + "mlp.gate.weight"),
+    (_L + r"mlp\.shared\.(gate|up|down)_proj\.weight", _M + "shared_expert.{}_proj.weight"),
+    (r"norm\.weight", "model.norm.weight"),
+    (r"head\.weight", "lm_head.weight"),
+)
+QWEN_MOE_EXPERT_NAMES = (
+    (_L + r"mlp\.experts\.(gate|up|down)_proj",
+     "model.layers.{0}.mlp.experts.{2}.{1}_proj.weight"),
+)
+
+
+def _checkpoint_name(names: tuple[tuple[str, str], ...], internal: str) -> str:
+    for pattern, template in names:
+        m = re.fullmatch(pattern, internal)
+        if m:
+            return template.format(*m.groups())
+    raise KeyError(f"no checkpoint name for internal parameter {internal!r}")
+
+
+def token_ids(cfg: dict[str, Any], family: str, released_mask: int) -> dict[str, Any]:
+    """mask / eos / pad ids of a config dict: ``mask_token_id`` from the config (or the
+    ``generation_config.json`` fields ``load_model`` merges in), else the released
+    checkpoints' mask id ``released_mask`` (the id their tokenizer reserves; a checkpoint with
+    another vocabulary must state its own). EOS: ``eos_token_id`` (int or list)."""
+    mask = cfg.get("mask_token_id", cfg.get("mask_id"))
+    eos = cfg.get("eos_token_id")
+    eos_ids = tuple(int(e) for e in (eos if isinstance(eos, list) else [eos])) \
+        if eos is not None else ()
+    if not eos_ids:
+        raise ValueError(f"{family} config.json has no eos_token_id")
+    return dict(mask_token_id=int(released_mask if mask is None else mask),
+                eos_token_ids=eos_ids, pad_token_id=cfg.get("pad_token_id"))

@@ -1,0 +1,80 @@
+"""Conformance of the 2026 families' decoders, token for token, NFE included: every recorded
+LLaDA2.0 / LLaDA2.1 ``generate`` case (``../shared/conformance/llada2-tiny``) and the
+Fast-dLLM v2 cases (``fastdllm2-tiny``) the ``fastdllm_v2`` preset reproduces (the others skip
+naming what is not reproduced). LLaDA-MoE's cases (LLaDA's ``generate``) are in
+``test_models_2026.py``. Skips when ``../shared`` is absent."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from dllm_decode import DiffusionSampler, load_model
+from tests.conformance import (
+    CONFORMANCE,
+    UnmappedCaseField,
+    cut_at_eos,
+    fastdllm2_forwards,
+    fastdllm2_settings,
+    llada2_settings,
+    load_cases,
+    require_shared,
+    tensors,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+LLADA2 = load_cases("llada2-tiny")
+_MODELS: dict[str, object] = {}
+
+
+def _model(name: str, mask_id: int):
+    if name not in _MODELS:
+        _MODELS[name] = load_model(require_shared(CONFORMANCE / name), mask_token_id=mask_id)
+    return _MODELS[name]
+
+
+@pytest.mark.parametrize("case", LLADA2, ids=[c["name"] for c in LLADA2])
+def test_llada2_case(case: dict) -> None:
+    args = case["args"]
+    model = _model("llada2-tiny", args["mask_id"]).with_block_size(args["block_length"])
+    policy, params = llada2_settings(case, model)
+    prompt, mask = tensors(case)
+    out = DiffusionSampler(model, policy, debug=True, **params).generate(prompt, mask)
+    got = cut_at_eos(out.tokens, prompt.shape[1], args["gen_length"], args["eos_id"])
+    assert got == case["output_ids"][0], case["name"]
+    assert out.forwards == case["nfe"], case["name"]
+
+
+FDV2 = load_cases("fastdllm2-tiny")
+
+
+class _StopAs:
+    """The model with the case's stop token as its EOS (the reference's ``stop_token``)."""
+
+    def __init__(self, model, stop: int) -> None:
+        self._model, self.eos_token_ids = model, (stop,)
+
+    def __getattr__(self, name: str):
+        return getattr(self._model, name)
+
+    def __call__(self, *args, **kwargs):
+        return self._model(*args, **kwargs)
+
+
+@pytest.mark.parametrize("case", FDV2, ids=[c["name"] for c in FDV2])
+def test_fastdllm2_case(case: dict) -> None:
+    try:
+        policy, params, stop = fastdllm2_settings(case)
+    except UnmappedCaseField as err:
+        pytest.skip(f"not reproduced: {err}")
+    args = case["args"]
+    base = _model("fastdllm2-tiny", args["mask_id"]).with_block_size(args["block_size"])
+    model = _StopAs(base, stop)
+    prompt, _ = tensors(case)
+    out = DiffusionSampler(model, policy, debug=True, **params).generate(prompt)
+    p = prompt.shape[1]
+    got = cut_at_eos(out.tokens, p, out.tokens.shape[1] - p, stop)
+    want = cut_at_eos(torch.tensor(case["output_ids"]), p, len(case["output_ids"][0]) - p, stop)
+    assert got == want, case["name"]
+    assert out.forwards + fastdllm2_forwards(case) == case["nfe"], case["name"]

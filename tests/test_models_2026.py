@@ -1,0 +1,314 @@
+"""The 2026 families (LLaDA2, LLaDA-MoE, Fast-dLLM v2, SDAR-MoE): conformance logits, the
+block-causal K/V cache against full recomputation, checkpoint round trips, Hub ids and
+``architectures`` dispatch."""
+
+from __future__ import annotations
+
+import json
+import socket
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from dllm_decode import DiffusionSampler
+from dllm_decode.models import build_model, load_model, save_model
+from dllm_decode.models.loading import family_key
+from tests.conformance import CONFORMANCE, llada_settings, load_cases, require_shared, tensors
+from tests.helpers import lay_out_cache, tiny_config
+from tests.moe_helpers import MASK, fixture_mask_id, randomize_buffers, tiny_moe_config
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(autouse=True)
+def _seeded() -> None:
+    torch.manual_seed(0)  # the random token ids below
+
+#: fixture directory -> (architecture class name, expected attention)
+FIXTURES = {
+    "llada2-tiny": ("LLaDA2MoEModel", "block_causal"),
+    "fastdllm2-tiny": ("FastDLLMv2Model", "block_causal"),
+    "llada-moe-tiny": ("LLaDAMoEModel", "bidirectional"),
+}
+TINY = ["llada2", "fastdllm2", "lladamoe", "sdarmoe"]
+LLADA_MOE_CASES = load_cases("llada-moe-tiny")
+
+
+def _fixture(name: str):
+    directory = require_shared(CONFORMANCE / name)
+    return directory, load_model(directory, mask_token_id=fixture_mask_id(name))
+
+
+def _fixture_view(model, inp: dict, length: int):
+    """The model as the fixture ran it: a fixture input without a block size attended
+    bidirectionally (one block over the whole input)."""
+    block = inp.get("block_length") or inp.get("block_size")
+    if model.attention == "block_causal":
+        return model.with_block_size(block or length)
+    assert block is None
+    return model
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+@pytest.mark.parametrize("impl", ["grouped", "reference"])
+def test_conformance_logits(name: str, impl: str) -> None:
+    """fp32 logits within 1e-4 of the reference's (its own fp32-vs-fp64 error is ~5e-5)."""
+    directory, model = _fixture(name)
+    cls, attention = FIXTURES[name]
+    assert type(model).__name__ == cls and model.attention == attention
+    data = json.loads((directory / "logits.json").read_text())
+    for inp in data["inputs"]:
+        ids = torch.tensor([inp["input_ids"]])
+        pos = torch.tensor([inp["positions"]])
+        view = _fixture_view(model, inp, ids.shape[1])
+        if hasattr(view, "moe_impl"):
+            view.moe_impl = impl
+        with torch.no_grad():
+            out = view(ids, pos)[0]
+        ref = torch.tensor(inp["logits"])
+        if model.logit_shift:  # logits.json holds raw rows: raw[i] predicts token i + 1
+            out, ref = out[1:], ref[:-1]
+        assert (out - ref).abs().max().item() < 1e-4, inp["name"]
+        assert torch.equal(out.argmax(-1), ref.argmax(-1)), inp["name"]
+
+
+def _tiny(family: str, seed: int = 3, **overrides):
+    model = build_model(tiny_moe_config(family, **overrides), seed=seed, init_std=0.5)
+    randomize_buffers(model, seed)
+    return model
+
+
+def _incremental_logits(model, tokens: torch.Tensor, block: int) -> torch.Tensor:
+    """Block by block through a ``BlockKVCache``: each block is fed once, writes its K/V and
+    attends to every earlier block's cached K/V (keys ``< end``). A shifted model's first row
+    of each block then holds its own raw row (its left neighbour was not fed)."""
+    b, length = tokens.shape
+    cache = model.new_cache(b, length)
+    keys = torch.arange(length)
+    rows = []
+    for start in range(0, length, block):
+        end = min(start + block, length)
+        pos = torch.arange(start, end).expand(b, -1)
+        mask = (keys < end)[None].expand(b, -1)
+        rows.append(model(tokens[:, start:end], pos, cache=cache, slots=pos, mask=mask))
+    return torch.cat(rows, dim=1)
+
+
+@pytest.mark.parametrize("family", [f for f in TINY if f != "lladamoe"])
+def test_block_causal_cache_equals_full_recomputation(family: str) -> None:
+    """Exact: a block's K/V never change once the block is complete."""
+    model = _tiny(family)
+    assert model.attention == "block_causal"
+    tokens = torch.randint(0, 60, (2, 13))
+    pos = torch.arange(13).expand(2, -1)
+    with torch.no_grad():
+        full = model(tokens, pos)
+        cached = _incremental_logits(model, tokens, model.block_size)
+    rows = torch.arange(13)
+    if model.logit_shift:
+        rows = rows[rows % model.block_size != 0]
+    # fp32 rounding only (other summation orders; logits up to ~30 with these weights)
+    assert (full[:, rows] - cached[:, rows]).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("family", ["lladamoe"])
+def test_bidirectional_cache_after_a_refresh_equals_full_recomputation(family: str) -> None:
+    """A full forward that stores K/V, then a block fed alone against the cache (dual-cache
+    style, rewriting its own K/V): both equal the uncached forward."""
+    model = _tiny(family)
+    assert model.attention == "bidirectional" and model.block_size is None
+    tokens = torch.randint(0, 60, (2, 13))
+    pos = torch.arange(13).expand(2, -1)
+    cache = model.new_cache(2, 13)
+    with torch.no_grad():
+        full = model(tokens, pos)
+        refreshed = model(tokens, pos, cache=cache, slots=pos)
+        block = model(tokens[:, 4:8], pos[:, 4:8], cache=cache, slots=pos[:, 4:8])
+    assert (full - refreshed).abs().max().item() < 1e-4
+    assert (full[:, 4:8] - block).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("impl", ["grouped", "reference"])
+def test_sdar_moe_matches_transformers_qwen3_moe(tmp_path, impl: str) -> None:
+    """SDAR-MoE has no recorded fixture: its checkpoint, loaded by transformers' own
+    Qwen3-MoE (per-expert tensors, its loader's names) and run with SDAR's block-causal mask
+    as an additive 4-D mask, gives our logits (the spec: SDAR = Qwen3-MoE + block-causal)."""
+    qwen3 = pytest.importorskip("transformers").Qwen3MoeForCausalLM
+    model = _tiny("sdarmoe")
+    model.moe_impl = impl
+    out = save_model(model, tmp_path / "m")
+    cfg = json.loads((out / "config.json").read_text())
+    cfg.update(model_type="qwen3_moe", architectures=["Qwen3MoeForCausalLM"],
+               torch_dtype="float32")
+    (out / "config.json").write_text(json.dumps(cfg))
+    ref, info = qwen3.from_pretrained(out, output_loading_info=True,
+                                      attn_implementation="eager")
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys"))
+    tokens = torch.randint(0, 60, (2, 13))
+    pos = torch.arange(13).expand(2, -1)
+    allowed = (pos[:, None, :] // 4) <= (pos[:, :, None] // 4)
+    additive = torch.zeros(2, 1, 13, 13).masked_fill(~allowed[:, None], float("-inf"))
+    with torch.no_grad():
+        want = ref.eval()(input_ids=tokens, position_ids=pos, attention_mask=additive).logits
+        got = model(tokens, pos)
+    assert (want - got).abs().max().item() < 1e-4
+    assert model.layers[0].mlp.__class__.__name__ == "DenseMLP"  # mlp_only_layers
+
+
+def test_llada_moe_dispatches_on_architectures() -> None:
+    moe_cfg = tiny_moe_config("lladamoe")
+    assert moe_cfg["model_type"] == "llada"
+    assert type(build_model(moe_cfg)).__name__ == "LLaDAMoEModel"
+    dense = {k: v for k, v in tiny_config("llada").items()}
+    assert type(build_model(dense)).__name__ == "LLaDAModel"
+    assert type(build_model(dense | {"architectures": ["LLaDAModelLM"]})).__name__ == \
+        "LLaDAModel"
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_cached_decoding_is_token_identical(name: str) -> None:
+    """The sampler's exact cache (block-causal; bidirectional: dual refreshed every step)
+    gives the tokens of uncached decoding."""
+    _, model = _fixture(name)
+    cached: dict = {"cache": "dual", "refresh_every": 1}
+    if model.attention == "block_causal":
+        model, cached = model.with_block_size(8), {"cache": "block_causal"}
+    prompt = torch.randint(0, 300, (2, 11), generator=torch.Generator().manual_seed(0))
+    runs = [DiffusionSampler(model, "low_confidence", gen_length=16, block_length=8, steps=8,
+                             **kw).generate(prompt) for kw in ({"cache": "none"}, cached)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert (runs[0].answer != model.mask_token_id).all()
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_save_load_round_trip(tmp_path, family: str) -> None:
+    model = _tiny(family)
+    save_model(model, tmp_path / "m", max_shard_bytes=30_000)
+    again = load_model(tmp_path / "m")
+    tokens = torch.randint(0, 60, (2, 12))
+    pos = torch.arange(12).expand(2, 12)
+    with torch.no_grad():
+        assert torch.equal(model(tokens, pos), again(tokens, pos))
+    names = set()
+    for f in (tmp_path / "m").glob("*.safetensors"):
+        names |= set(load_file(str(f)))
+    if family != "fastdllm2":
+        assert "model.layers.1.mlp.experts.7.down_proj.weight" in names
+        assert not any(n.endswith("experts.gate_proj") for n in names)
+    cfg = json.loads((tmp_path / "m" / "config.json").read_text())
+    assert family_key(cfg) == model.spec.family
+
+
+def test_llada2_tensor_names_and_dtype_auto(tmp_path) -> None:
+    model = _tiny("llada2")
+    save_model(model, tmp_path / "m", config_extra={"torch_dtype": "bfloat16"})
+    names = set(load_file(str(tmp_path / "m" / "model.safetensors")))
+    for n in ("model.word_embeddings.weight", "model.layers.0.mlp.gate_proj.weight",
+              "model.layers.1.attention.query_key_value.weight",
+              "model.layers.1.attention.query_layernorm.weight",
+              "model.layers.1.attention.dense.weight", "model.layers.1.mlp.gate.expert_bias",
+              "model.layers.2.mlp.shared_experts.up_proj.weight", "lm_head.weight"):
+        assert n in names, n
+    assert not any("layers.0.mlp.experts" in n for n in names)  # first_k_dense_replace
+    bf16 = load_model(tmp_path / "m")
+    assert bf16.dtype == torch.bfloat16
+    assert bf16.layers[1].mlp.gate.expert_bias.dtype == torch.float32  # selection in fp32
+    assert bf16.layers[1].mlp.experts.gate_proj.dtype == torch.bfloat16
+
+
+def test_mask_id_from_generation_config_or_argument(tmp_path) -> None:
+    cfg = tiny_moe_config("llada2")
+    del cfg["mask_token_id"]
+    model = build_model(cfg | {"mask_token_id": MASK}, seed=1)
+    out = save_model(model, tmp_path / "m")
+    written = json.loads((out / "config.json").read_text())
+    del written["mask_token_id"]
+    (out / "config.json").write_text(json.dumps(written))
+    with pytest.raises(ValueError, match=r"mask_token_id 156895 is outside.*mask_token_id="):
+        load_model(out)  # the released id does not fit this vocabulary
+    assert load_model(out, mask_token_id=61).mask_token_id == 61
+    (out / "generation_config.json").write_text(json.dumps({"mask_token_id": 60}))
+    assert load_model(out).mask_token_id == 60
+
+
+def test_block_size_views_share_weights() -> None:
+    model = _tiny("llada2")
+    view = model.with_block_size(2)
+    assert view.block_size == 2 and model.block_size == 4
+    assert view.head.weight is model.head.weight
+    with pytest.raises(ValueError, match="block_size"):
+        model.with_block_size(0)
+
+
+@pytest.fixture
+def offline(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a test tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    return tmp_path / "hub"
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_loads_by_hub_id_from_the_cache(tmp_path: Path, offline: Path, family: str) -> None:
+    model = _tiny(family)
+    ckpt = save_model(model, tmp_path / "ckpt", max_shard_bytes=30_000,
+                      config_extra={"torch_dtype": "float32"})
+    repo = f"test-org/tiny-{family}"
+    lay_out_cache(offline, repo, ckpt)
+    hub = load_model(repo)
+    tokens = torch.randint(0, 60, (1, 9))
+    pos = torch.arange(9)[None]
+    with torch.no_grad():
+        assert torch.equal(hub(tokens, pos), model(tokens, pos))
+    pytest.importorskip("accelerate")
+    mapped = load_model(repo, device_map="sequential")
+    with torch.no_grad():
+        assert torch.equal(mapped(tokens, pos), model(tokens, pos))
+
+
+@pytest.mark.parametrize("case", LLADA_MOE_CASES, ids=[c["name"] for c in LLADA_MOE_CASES])
+def test_llada_moe_case(case: dict) -> None:
+    """LLaDA-MoE's cases ran ML-GSAI/LLaDA's ``generate``: the LLaDA mapping reproduces them
+    token for token, NFE included (these newer cases carry their settings in ``args`` only)."""
+    _, model = _fixture("llada-moe-tiny")
+    policy, params = llada_settings(dict(case, settings={}), model)
+    prompt, mask = tensors(case)
+    out = DiffusionSampler(model, policy, debug=True, **params).generate(prompt, mask)
+    assert torch.equal(out.tokens, torch.tensor(case["output_ids"])), case["name"]
+    assert out.forwards == case["nfe"], case["name"]
+
+
+@pytest.mark.parametrize("family", ["llada2", "lladamoe", "sdarmoe"])
+def test_grouped_experts_equal_the_per_expert_loop_in_the_model(family: str) -> None:
+    model = _tiny(family)
+    tokens = torch.randint(0, 60, (2, 13))
+    pos = torch.arange(13).expand(2, -1)
+    with torch.no_grad():
+        model.moe_impl = "reference"
+        want = model(tokens, pos)
+        model.moe_impl = "grouped"
+        got = model(tokens, pos)
+    assert (want - got).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_cached_decoding_of_built_models(family: str) -> None:
+    """Block-causal families: cache="block_causal" is exact; bidirectional: dual cache
+    refreshed every step. Tokens equal uncached decoding, no mask is left."""
+    model = _tiny(family)
+    cached: dict = {"cache": "dual", "refresh_every": 1}
+    block = 4
+    if model.attention == "block_causal":
+        cached, block = {"cache": "block_causal"}, model.block_size
+    prompt = torch.randint(0, 60, (2, 7))
+    runs = [DiffusionSampler(model, "low_confidence", gen_length=12, block_length=block,
+                             steps=12, **kw).generate(prompt)
+            for kw in ({"cache": "none"}, cached)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert (runs[0].answer != MASK).all()
