@@ -247,3 +247,25 @@ def test_renoising_is_recorded_as_edits(small) -> None:
     sticky = DiffusionSampler(small, "gemma_renoise", sticky=True)
     assert not sticky.capabilities.selector.edits
     assert sticky.generate(torch.tensor([[4, 5, 6]]), gen_length=8, seed=1).edits is None
+
+
+def test_uniform_oracle_is_the_exact_posterior() -> None:
+    """The test bed's uniform-noise oracle: a canvas holding a valid answer points every
+    position at it; a copy task (one valid answer) decodes exactly under ``gemma_renoise``."""
+    from dllm_decode.eval.runner import left_pad
+    from dllm_decode.models.uniform_oracle import UniformOracle
+    from dllm_decode.train.testbed import grade, waiting_line_oracle
+    from dllm_decode.train.testbed_eval import held_out_prompts
+
+    oracle = waiting_line_oracle()
+    uniform = UniformOracle(oracle, canvas_length=16)
+    records, prompts = held_out_prompts(oracle, "copy", 4)
+    ids, attn = left_pad(prompts, oracle.pad_token_id)
+    answers = torch.stack([oracle.answer_table(p, 16)[0] for p in prompts])
+    cache = uniform.new_cache(4, ids.shape[1] + 16)
+    uniform.encode(ids, cache, attn.bool())
+    assert torch.equal(uniform.decode(answers, cache).argmax(-1), answers)
+    out = DiffusionSampler(uniform, "gemma_renoise", max_denoising_steps=8).generate(
+        ids, attn, gen_length=16)
+    assert all(grade("copy", rec, oracle.decode(ans))
+               for rec, ans in zip(records, out.answer.tolist(), strict=True))
