@@ -25,7 +25,7 @@ from dllm_decode.models.gemma_layers import (
     gemma_rope,
 )
 from tests.conformance import CONFORMANCE, require_shared
-from tests.helpers import lay_out_cache
+from tests.helpers import lay_out_cache, tiny_gemma
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -182,3 +182,41 @@ def test_missing_text_tensor_is_named(tmp_path: Path) -> None:
     save_file(state, out / "model.safetensors")
     with pytest.raises(CheckpointError, match="layers.2.self_attn.k_proj"):
         load_model(out)
+
+
+def test_grouped_fallback_paths_equal_grouped_mm(monkeypatch) -> None:
+    """Where ``grouped_mm`` cannot run, the per-group ``mm`` loop (CPU) and the gather + bmm
+    path (accelerators, exercised here on CPU) give the same rows."""
+    from dllm_decode.models import gemma_layers
+
+    gen = torch.Generator().manual_seed(1)
+    rows, w = torch.randn(7, 8, generator=gen), torch.randn(3, 12, 8, generator=gen)
+    offs = torch.tensor([2, 2, 7], dtype=torch.int32)
+    want = torch.cat([rows[:2] @ w[0].T, rows[2:] @ w[2].T])
+    torch.testing.assert_close(gemma_layers._grouped_linear(rows, w, offs), want)
+    monkeypatch.setattr(gemma_layers.F, "grouped_mm", None, raising=False)
+    torch.testing.assert_close(gemma_layers._grouped_linear(rows, w, offs), want)
+
+    torch.testing.assert_close(gemma_layers._gathered_linear(rows, w, offs), want)
+
+
+def test_left_padded_row_equals_the_row_alone() -> None:
+    """Pads are never attended to and positions only shift (RoPE is relative), and the
+    sliding windows cut by index keep the same real tokens: a left-padded row's canvas logits
+    equal the row alone (float32 rounding of the shifted rotations)."""
+    m = tiny_gemma(seed=4)
+    gen = torch.Generator().manual_seed(0)
+    short, long = torch.randint(3, 60, (1, 3), generator=gen), torch.randint(3, 60, (1, 9),
+                                                                             generator=gen)
+    batch = torch.cat([torch.cat([torch.zeros(1, 6, dtype=torch.long), short], 1), long])
+    valid = torch.ones_like(batch, dtype=torch.bool)
+    valid[0, :6] = False
+    canvas = torch.randint(0, 64, (2, 8), generator=gen)
+    cache = m.new_cache(2, 17)
+    m.encode(batch, cache, valid)
+    both = m.decode(canvas, cache)
+    for r, prompt in enumerate((short, long)):
+        alone = m.new_cache(1, prompt.shape[1] + 8)
+        m.encode(prompt, alone)
+        torch.testing.assert_close(both[r], m.decode(canvas[r:r + 1], alone)[0],
+                                   atol=1e-4, rtol=0)

@@ -200,8 +200,9 @@ class GemmaExperts(nn.Module):
         """Same result as ``forward`` in two grouped GEMMs: the ``[T*k]`` (token, slot) rows
         sorted by expert, one ``grouped_mm`` per projection over the contiguous groups (a
         per-group ``mm`` where ``torch.nn.functional.grouped_mm`` cannot run: older torch,
-        unaligned strides), weighted, un-sorted and summed over the k slots. No per-token or
-        per-expert Python loop on the ``grouped_mm`` path; reads only the chosen experts."""
+        unaligned strides; on an accelerator a gather + ``bmm`` instead, without a host sync),
+        weighted, un-sorted and summed over the k slots. No per-token or per-expert Python loop
+        on the ``grouped_mm`` path; reads only the chosen experts."""
         t, k = experts.shape
         flat = experts.reshape(-1)
         sorted_ids, perm = torch.sort(flat)
@@ -226,13 +227,23 @@ def _grouped_linear(rows: Tensor, weight: Tensor, offs: Tensor) -> Tensor:
             return grouped_mm(rows.to(w.dtype), w, offs=offs)
         except (RuntimeError, NotImplementedError):  # no kernel here, or unaligned strides
             pass
+    if rows.device.type != "cpu":  # no host sync on an accelerator
+        return _gathered_linear(rows, weight, offs)
     out = rows.new_zeros(rows.shape[0], w.shape[-1])
     start = 0
-    for e, end in enumerate(offs.tolist()):  # fallback only: one mm per non-empty group
+    for e, end in enumerate(offs.tolist()):  # CPU fallback: one mm per non-empty group
         if end > start:
             torch.mm(rows[start:end], w[e], out=out[start:end])
         start = end
     return out
+
+
+def _gathered_linear(rows: Tensor, weight: Tensor, offs: Tensor) -> Tensor:
+    """``_grouped_linear`` by gathering each row's expert matrix and one ``bmm`` (no host sync;
+    ``[S, out, in]`` gathered weights)."""
+    expert = torch.searchsorted(offs, torch.arange(rows.shape[0], device=rows.device,
+                                                   dtype=offs.dtype), right=True)
+    return torch.bmm(weight[expert], rows[:, :, None].to(weight.dtype))[:, :, 0]
 
 
 class GemmaLayer(nn.Module):
