@@ -55,8 +55,6 @@ def case_params(case: dict) -> tuple[dict[str, Any], int]:
     extra = set(case) - CASE_FIELDS
     if extra:
         raise UnmappedCaseField(f"{case['name']}: unmapped case fields {sorted(extra)}")
-    if case["attention_mask"] is not None:
-        raise UnmappedCaseField(f"{case['name']}: attention masks are not mapped")
     params: dict[str, Any] = {}
     gen_length = None
     for key, value in case["args"].items():
@@ -68,6 +66,8 @@ def case_params(case: dict) -> tuple[dict[str, Any], int]:
             raise UnmappedCaseField(f"{case['name']}: argument {key!r}")
         elif key == "max_new_tokens":
             gen_length = value
+        elif key == "eos_token_id":
+            params["eos_token_ids"] = [value] if isinstance(value, int) else value
         else:
             params[ARGS[key]] = value
     # the reference drops adaptive stopping when either threshold is None
@@ -100,8 +100,10 @@ def test_reference_case(gemma, case) -> None:
 
     gemma.encode = spy
     try:
+        mask = case["attention_mask"]
         out = DiffusionSampler(gemma, "gemma_renoise", **params).generate(
-            torch.tensor(case["prompt_ids"]), gen_length=g, seed=case["seed"], on_step=record)
+            torch.tensor(case["prompt_ids"]), None if mask is None else torch.tensor(mask),
+            gen_length=g, seed=case["seed"], on_step=record)
     finally:
         del gemma.encode
     want = case["output_ids"]
@@ -269,3 +271,60 @@ def test_uniform_oracle_is_the_exact_posterior() -> None:
         ids, attn, gen_length=16)
     assert all(grade("copy", rec, oracle.decode(ans))
                for rec, ans in zip(records, out.answer.tolist(), strict=True))
+
+
+def _reference_model(tmp: Any, seed: int, canvas: int, window: int, experts: int, top_k: int):
+    """A seeded tiny checkpoint written by transformers' own DiffusionGemma class (weights
+    drawn as the fixtures draw them), its generation config, and the reference model."""
+    tf = pytest.importorskip("transformers")
+    gen_mod = pytest.importorskip(
+        "transformers.models.diffusion_gemma.generation_diffusion_gemma")
+    text = {"vocab_size": 200, "hidden_size": 32, "intermediate_size": 48,
+            "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+            "head_dim": 8, "global_head_dim": 16, "num_global_key_value_heads": 1,
+            "layer_types": ["sliding_attention"] * 2 + ["full_attention"],
+            "sliding_window": window, "num_experts": experts, "top_k_experts": top_k,
+            "moe_intermediate_size": 8, "max_position_embeddings": 256, "pad_token_id": 0,
+            "eos_token_id": 1, "bos_token_id": 2, "model_type": "diffusion_gemma_text"}
+    vision = {"model_type": "gemma4_vision", "hidden_size": 16, "intermediate_size": 37,
+              "num_hidden_layers": 1, "num_attention_heads": 4, "num_key_value_heads": 1,
+              "head_dim": 64, "patch_size": 5, "image_size": 20, "pooling_kernel_size": 3,
+              "position_embedding_size": 10240}
+    cfg = tf.DiffusionGemmaConfig(text_config=text, vision_config=vision, canvas_length=canvas,
+                                  boi_token_id=190, image_token_id=191, eoi_token_id=192,
+                                  eos_token_id=[1, 106])
+    ref = tf.DiffusionGemmaForBlockDiffusion(cfg).eval()
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for _, p in sorted(ref.named_parameters()):
+            draw = torch.randn if p.dim() >= 2 else torch.rand
+            p.copy_((draw(p.shape, generator=g, dtype=torch.float64) * 0.5
+                     + (0 if p.dim() >= 2 else 0.5)).float())
+    ref.generation_config = gen_mod.DiffusionGemmaGenerationConfig(
+        max_new_tokens=2 * canvas, max_denoising_steps=6,
+        sampler_config=gen_mod.EntropyBoundSamplerConfig(entropy_bound=0.5), t_min=0.4,
+        t_max=0.8, stability_threshold=1, confidence_threshold=0.05, eos_token_id=[1, 106],
+        pad_token_id=0, bos_token_id=2)
+    ref.save_pretrained(tmp)
+    return tf.DiffusionGemmaForBlockDiffusion.from_pretrained(tmp, dtype=torch.float32).eval()
+
+
+@pytest.mark.parametrize("seed,canvas,window,experts,top_k", [(11, 8, 4, 4, 2), (12, 6, 7, 6, 3)])
+def test_other_sizes_and_padding_match_transformers(tmp_path, seed, canvas, window, experts,
+                                                    top_k) -> None:
+    """Beyond the recorded fixture: other seeds, sizes, canvas lengths and windows, a
+    left-padded batch and an unpadded one, against transformers' own ``generate`` (skipped
+    without a transformers that has DiffusionGemma): tokens identical."""
+    ref = _reference_model(tmp_path, seed, canvas, window, experts, top_k)
+    mine = load_model(tmp_path, dtype=torch.float32)
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(3, 100, (2, 9), generator=g)
+    for mask in (torch.ones(2, 9, dtype=torch.long),
+                 torch.tensor([[0] * 5 + [1] * 4, [1] * 9])):
+        ids = ids.masked_fill(mask == 0, 0)
+        torch.manual_seed(seed)
+        want = ref.generate(ids, attention_mask=mask).sequences
+        got = DiffusionSampler(mine, "gemma_renoise").generate(
+            ids, mask, gen_length=2 * canvas, seed=seed).tokens
+        assert torch.equal(got[:, :want.shape[1]], want)
+        assert (got[:, want.shape[1]:] == 0).all()

@@ -138,7 +138,9 @@ class Renoise:
 
     def __post_init__(self) -> None:
         if self.eos_token_ids is not None:
-            object.__setattr__(self, "eos_token_ids", tuple(int(e) for e in self.eos_token_ids))
+            ids = self.eos_token_ids
+            ids = (ids,) if isinstance(ids, int) else ids
+            object.__setattr__(self, "eos_token_ids", tuple(int(e) for e in ids))
         if self.accept is None:
             object.__setattr__(self, "accept", EntropyBoundAccept())
         check_fields(self, "Renoise")
