@@ -225,7 +225,9 @@ class StepState:
     declare ``Capabilities(edits=True)``, else ``None``) marks the committed positions the
     selector may rewrite this step (``Selection.edit``): generated, inside the current block,
     fed this step, in rows still allowed to edit (``samplers.editing``). ``block_step`` is the
-    step's index inside its block (0 at the block's first forward).
+    step's index inside its block (0 at the block's first forward). ``mask_logit`` ``[B, R]``
+    is the raw logit of the mask token at ``rows`` (only for selectors that sample their own
+    tokens, ``Capabilities.samples_tokens``: ``logits`` have it removed).
     """
 
     proposal: Proposal
@@ -253,6 +255,7 @@ class StepState:
     model: StepModel | None = None
     editable: Tensor | None = None
     block_step: int = 0
+    mask_logit: Tensor | None = None
 
 
 @dataclass

@@ -244,34 +244,39 @@ FDV2_ARGS: Final = frozenset({
 FDV2_TOP: Final = INFO | EXPECTED | INPUTS | {"args", "input_ids_passed", "input_note"}
 
 
-def fastdllm2_settings(case: dict[str, Any]) -> tuple[str, dict[str, Any], int]:
+def fastdllm2_settings(case: dict[str, Any], row: int | None = None
+                       ) -> tuple[str, dict[str, Any], int]:
     """(policy, sampler kwargs, stop token) reproducing a Fast-dLLM v2 case with the
     ``fastdllm_v2`` preset: the canvas the reference builds (the prompt's blocks plus
     ``max_new_tokens // block_size`` blocks, plus the next block's AR token when the last
     block completes) and its stop rule (``batch_sample``: a row stops after the block in which
     it committed the stop token, ``block_eos_stop``; ``generate``: as soon as the stop token
     has nothing masked before it, ``stop_at_eos``). The model's EOS must be the case's stop
-    token. Raises ``UnmappedCaseField`` on anything else (``use_block_cache``, batched
-    sampling: not reproduced)."""
+    token; seeded cases sample as the reference (``mask_in_softmax``). Raises
+    ``UnmappedCaseField`` on anything else (``use_block_cache``, batches: not reproduced).
+    ``row``: the settings of that row of a batched case decoded alone (its own prompt, the
+    batch's number of blocks, ``max_new_tokens // block_size + max(seq_len) // block_size``)."""
     _only(case, FDV2_TOP, "case", case)
     a = case["args"]
     _only(a, FDV2_ARGS, "args", case)
     if a.get("use_block_cache"):
         raise UnmappedCaseField(f"{case['name']}: use_block_cache is not reproduced")
-    if a.get("temperature"):
-        raise UnmappedCaseField(f"{case['name']}: seeded top-p sampling is not reproduced")
     k = a["block_size"]
-    p = len(case["prompt_ids"][0])
-    if len(case["prompt_ids"]) != 1 or (a.get("seq_len") and len(a["seq_len"]) != 1):
+    lengths = [len(r) for r in case["prompt_ids"]]
+    if row is None and len(lengths) != 1:
         raise UnmappedCaseField(f"{case['name']}: batched Fast-dLLM v2 cases are not mapped")
-    if a.get("min_len", p) != p:
-        raise UnmappedCaseField(f"{case['name']}: min_len != prompt length")
-    gen = (p // k + a["max_new_tokens"] // k) * k + 1 - p
+    if a.get("seq_len", lengths) != lengths or a.get("min_len", min(lengths)) != min(lengths):
+        raise UnmappedCaseField(f"{case['name']}: seq_len / min_len != the prompt lengths")
+    if a.get("temperature") and len(lengths) > 1:
+        raise UnmappedCaseField(f"{case['name']}: the reference samples for row 0 only")
+    p = lengths[row or 0]
+    gen = (max(lengths) // k + a["max_new_tokens"] // k) * k + 1 - p
     sample = case["reference_function"] == "batch_sample"
     params: dict[str, Any] = dict(
         gen_length=gen, threshold=a["threshold"], small_block_size=a["small_block_size"],
         temperature=a.get("temperature") or 0.0, top_p=a.get("top_p"), seed=case["seed"],
-        rng="reference", block_eos_stop=sample, stop_at_eos=not sample)
+        rng="reference", block_eos_stop=sample, stop_at_eos=not sample,
+        mask_in_softmax=bool(a.get("temperature")))
     return "fastdllm_v2", params, a["stop_token"]
 
 

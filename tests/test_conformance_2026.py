@@ -78,3 +78,26 @@ def test_fastdllm2_case(case: dict) -> None:
     want = cut_at_eos(torch.tensor(case["output_ids"]), p, len(case["output_ids"][0]) - p, stop)
     assert got == want, case["name"]
     assert out.forwards + fastdllm2_forwards(case) == case["nfe"], case["name"]
+
+
+BATCHED = [c for c in FDV2 if len(c["prompt_ids"]) > 1]
+
+
+@pytest.mark.parametrize("case", BATCHED, ids=[c["name"] for c in BATCHED])
+def test_fastdllm2_batched_case_rows(case: dict) -> None:
+    """Each row of a batched ``batch_sample`` case, decoded alone, gives the reference's
+    tokens (rows do not interact). Its NFE is not compared: the reference moves the batch
+    sub-block by sub-block together, so a row waits for the slowest one."""
+    args = case["args"]
+    base = _model("fastdllm2-tiny", args["mask_id"]).with_block_size(args["block_size"])
+    for row, ids in enumerate(case["prompt_ids"]):
+        try:
+            policy, params, stop = fastdllm2_settings(case, row)
+        except UnmappedCaseField as err:
+            pytest.skip(f"not reproduced: {err}")
+        out = DiffusionSampler(_StopAs(base, stop), policy, **params).generate(
+            torch.tensor([ids]))
+        p = len(ids)
+        want = torch.tensor([case["output_ids"][row]])
+        assert cut_at_eos(out.tokens, p, out.tokens.shape[1] - p, stop) == cut_at_eos(
+            want, p, want.shape[1] - p, stop), (case["name"], row)

@@ -255,3 +255,14 @@ def test_eos_stop_on_commit_checks_only_steps_that_commit_an_eos() -> None:
     default = fill_after_eos(canvas, MASK, (EOS,), 1, EOS)
     strict = fill_after_eos(canvas, MASK, (EOS,), 1, EOS, committed_at=1, commit_at=commit_at)
     assert default[0, 4] == EOS and strict[0, 4] == MASK
+
+
+def test_editing_step_compiles_whole() -> None:
+    """``post_forward`` with edits is captured by ``torch.compile(fullgraph=True)`` (the
+    ``eager`` backend checks the capture) and decodes the same tokens, edits and NFE."""
+    prompt = _prompt(2, 5)
+    kw = dict(mode="speed", gen_length=8, block_length=4)
+    eager = DiffusionSampler(MODELS["llada"], "llada21", **kw).generate(prompt)
+    compiled = DiffusionSampler(MODELS["llada"], "llada21", compile="eager", **kw).generate(prompt)
+    assert torch.equal(eager.tokens, compiled.tokens) and torch.equal(eager.edits, compiled.edits)
+    assert torch.equal(eager.nfe, compiled.nfe)

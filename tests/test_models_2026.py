@@ -17,7 +17,7 @@ from dllm_decode.models import build_model, load_model, save_model
 from dllm_decode.models.loading import family_key
 from tests.conformance import CONFORMANCE, llada_settings, load_cases, require_shared, tensors
 from tests.helpers import lay_out_cache, tiny_config
-from tests.moe_helpers import MASK, fixture_mask_id, randomize_buffers, tiny_moe_config
+from tests.moe_helpers import EOS, MASK, fixture_mask_id, randomize_buffers, tiny_moe_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -312,3 +312,95 @@ def test_cached_decoding_of_built_models(family: str) -> None:
             for kw in ({"cache": "none"}, cached)]
     assert torch.equal(runs[0].tokens, runs[1].tokens)
     assert (runs[0].answer != MASK).all()
+
+
+def test_lm_eval_adapter_defaults_to_the_models_block_size() -> None:
+    pytest.importorskip("lm_eval", reason="lm-eval is not installed")
+    from types import SimpleNamespace
+
+    from dllm_decode.eval.lm_eval import DllmDecodeLM
+
+    model = _tiny("llada2")
+    lm = DllmDecodeLM(model=model, tokenizer=SimpleNamespace(eos_token_id=EOS), device="cpu")
+    _, generate = lm.decode_settings({"max_gen_toks": 10})
+    assert generate["block_length"] == model.block_size == 4 and generate["gen_length"] == 12
+    assert lm.eos_ids == model.eos_token_ids
+
+
+@pytest.mark.parametrize("overrides", [
+    {"use_qkv_bias": True, "use_bias": True, "num_shared_experts": None},
+    {"n_group": 1, "topk_group": 1, "num_experts_per_tok": 1, "first_k_dense_replace": 0},
+    {"partial_rotary_factor": 1.0, "num_key_value_heads": 0, "num_shared_experts": 2},
+], ids=["biases_no_shared", "one_group_top1_all_moe", "full_rope_mha_two_shared"])
+def test_llada2_config_variants_round_trip(tmp_path, overrides: dict) -> None:
+    """Other released switches: q/k/v and output biases, no or two shared experts, plain top-k,
+    every layer sparse, full RoPE, ``num_key_value_heads == 0`` (= heads, as LLaDA2.1's config
+    class maps it)."""
+    model = _tiny("llada2", **overrides)
+    save_model(model, tmp_path / "m")
+    again = load_model(tmp_path / "m")
+    tokens = torch.randint(0, 60, (1, 10))
+    pos = torch.arange(10)[None]
+    with torch.no_grad():
+        want = model(tokens, pos)
+        assert torch.equal(want, again(tokens, pos))
+        again.moe_impl = "reference"
+        assert (want - again(tokens, pos)).abs().max().item() < 1e-4
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_generate_text_with_a_real_tokenizer(family: str) -> None:
+    """Text in, text out through the bundled tokenizer (its ids: mask 2, EOS 1); block-causal
+    families decode in their own block size by default."""
+    from dllm_decode import generate_text, load_tokenizer
+
+    tok = load_tokenizer()
+    model = _tiny(family, vocab_size=len(tok), mask_token_id=2, eos_token_id=1, pad_token_id=1)
+    sampler = DiffusionSampler(model, "low_confidence", gen_length=8, steps=8)
+    out = generate_text(sampler, tok, ["Maya Doyle", "the cat"], chat=False)
+    assert len(out.texts) == 2 and all(isinstance(t, str) for t in out.texts)
+    assert 1 in out.stop_token_ids and (out.generation.answer != 2).all()
+
+
+@pytest.mark.parametrize("name", FIXTURES)
+def test_fixture_checkpoint_loads_by_hub_id(tmp_path: Path, offline: Path, name: str) -> None:
+    """The released-format fixture files as a Hub cache entry, with the mask id in
+    ``generation_config.json`` (where a config without it is completed from)."""
+    import shutil
+
+    directory, model = _fixture(name)
+    src = shutil.copytree(directory, tmp_path / "src")
+    (src / "generation_config.json").write_text(json.dumps(
+        {"mask_token_id": fixture_mask_id(name)}))
+    repo = f"test-org/{name}"
+    lay_out_cache(offline, repo, src)
+    hub = load_model(repo)
+    assert hub.mask_token_id == model.mask_token_id and type(hub) is type(model)
+    tokens = torch.randint(0, 300, (1, 12))
+    pos = torch.arange(12)[None]
+    with torch.no_grad():
+        assert torch.equal(hub(tokens, pos), model(tokens, pos))
+
+
+def test_fastdllm2_tied_embeddings(tmp_path) -> None:
+    model = _tiny("fastdllm2", tie_word_embeddings=True)
+    assert model.head.weight is model.embed.weight
+    save_model(model, tmp_path / "m")
+    assert "lm_head.weight" not in load_file(str(tmp_path / "m" / "model.safetensors"))
+    again = load_model(tmp_path / "m")
+    assert again.head.weight.data_ptr() == again.embed.weight.data_ptr()
+    tokens = torch.randint(0, 60, (1, 9))
+    pos = torch.arange(9)[None]
+    with torch.no_grad():
+        assert torch.equal(model(tokens, pos), again(tokens, pos))
+
+
+@pytest.mark.parametrize("family", TINY)
+def test_batch_equals_rows_alone(family: str) -> None:
+    model = _tiny(family)
+    prompt = torch.randint(0, 60, (3, 6))
+    kw = dict(gen_length=8, steps=8, block_length=model.block_size or 4)
+    batch = DiffusionSampler(model, "threshold", tau=0.7, **kw).generate(prompt)
+    for i in range(3):
+        alone = DiffusionSampler(model, "threshold", tau=0.7, **kw).generate(prompt[i:i + 1])
+        assert torch.equal(batch.tokens[i:i + 1], alone.tokens), i

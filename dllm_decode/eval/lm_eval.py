@@ -139,7 +139,9 @@ class DllmDecodeLM(LM):
         """``(sampler_kwargs, generate_kwargs)`` for one request (gen_kwargs win)."""
         merged = {**self.knobs, **{k: _typed(v) for k, v in gen_kwargs.items()}}
         requested = int(merged.get("max_gen_toks") or DEFAULT_GEN_TOKS)
-        block = merged.get("block_length") or requested
+        # block-diffusion models decode in their own block size unless told otherwise
+        own = self.model.block_size if self.model.attention == "block_causal" else None
+        block = merged.get("block_length") or own or requested
         gen_length = math.ceil(requested / block) * block
         steps = merged.get("steps")
         if merged.get("tokens_per_step"):

@@ -9,7 +9,7 @@ sigmoid router with group-limited top-k, an fp32 ``expert_bias`` used for select
 renormalised weights times ``routed_scaling_factor``, and one shared expert (reference: the
 Hugging Face remote code ``modeling_llada2_moe.py``, as copied in ZHZisZZ/dllm). As that
 reference does, the top-k weights are renormalised whenever top-k > 1, whatever
-``norm_topk_prob`` says.
+``norm_topk_prob`` says, and the q/k norms are built and applied whatever ``use_qk_norm`` says.
 
 Decoded in blocks (block-causal attention over the whole canvas, the prompt included, blocks
 aligned to position 0; ``block_size`` 32 as SGLang's ``DLLM_PARAMS`` and the reference
@@ -96,7 +96,7 @@ def llada2_spec(cfg: dict[str, Any]) -> ModelSpec:
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
         max_length=int(cfg.get("max_position_embeddings", 4096)),
         qkv_bias=bool(cfg.get("use_qkv_bias", False)),
-        qk_norm=bool(cfg.get("use_qk_norm", True)), attention="block_causal",
+        qk_norm=True, attention="block_causal",
         block_size=int(cfg.get("block_size", DEFAULT_BLOCK)),
         extra={"arch": arch}, **token_ids(cfg, fam, RELEASED_MASK_ID),
     )

@@ -189,6 +189,8 @@ def build_model(config: dict[str, Any], *, seed: int | None = 0,
                 p.zero_()
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * init_std)
+    if tied_embeddings(model):
+        model.head.weight = model.embed.weight
     return model.to(device=device, dtype=dtype).eval()
 
 
@@ -315,18 +317,28 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
                 state[internal] = torch.empty(shapes[internal], dtype=dtype, device=where)
             state[internal][part].copy_(t)
         del t
+    if tied_embeddings(model):  # the head is the embedding (no lm_head tensor is saved)
+        state["head.weight"] = state["embed.weight"]
     model.load_state_dict(state, assign=True)
     model.eval()
     return dispatch(model, placement) if placement else model
 
 
+def tied_embeddings(model: DecoderLM) -> bool:
+    """The config ties the LM head to the input embedding (Fast-dLLM v2 on a tied Qwen2.5)."""
+    return bool(model.spec.extra.get("tie_word_embeddings"))
+
+
 def checkpoint_layout(model: DecoderLM) -> dict[str, tuple[str, int | None]]:
     """Checkpoint tensor name -> (internal name, index of the slice it fills or ``None``).
 
-    MoE families stack their experts internally and store one tensor per expert."""
+    MoE families stack their experts internally and store one tensor per expert; a tied
+    head has no tensor of its own."""
     if isinstance(model, MoEDecoderLM):
         return model.checkpoint_layout()
-    return {to_checkpoint_name(type(model).names, k): (k, None) for k in model.state_dict()}
+    skip = {"head.weight"} if tied_embeddings(model) else set()
+    return {to_checkpoint_name(type(model).names, k): (k, None) for k in model.state_dict()
+            if k not in skip}
 
 
 def fp32_tensors(model: DecoderLM) -> frozenset[str]:
@@ -359,6 +371,8 @@ def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int 
     config = writer(model.spec) | dict(config_extra or {})
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     state = {k: v.detach().contiguous().cpu() for k, v in model.checkpoint_state_dict().items()}
+    if tied_embeddings(model):
+        state.pop(to_checkpoint_name(type(model).names, "head.weight"))
     if max_shard_bytes is None:
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
         return out

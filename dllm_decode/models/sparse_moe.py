@@ -22,15 +22,15 @@ Experts are stored stacked: ``gate_proj``, ``up_proj`` ``[E, I, H]`` and ``down_
 token-expert assignments by expert and runs three grouped GEMMs (``torch._grouped_mm``) that
 read only the selected experts' weights: a fixed number of kernels per layer, whatever the
 number of experts or tokens, and no host synchronisation. Where ``torch._grouped_mm`` cannot
-run (older torch, odd sizes) the grouped path gathers each assignment's expert weights and runs
-batched GEMMs instead (still only selected experts, still a bounded number of kernels; memory
-``A * I * H`` for ``A`` assignments, fine for decode spans). The two paths agree to float
+run (older torch, float64, sizes whose rows are not 16-byte aligned) the grouped path gathers
+each assignment's expert weights and runs batched GEMMs instead (still only selected experts,
+still a bounded number of kernels, but memory ``3 * A * I * H`` for ``A`` token-expert
+assignments: meant for small models and short spans). The two paths agree to float
 rounding (``tests/test_moe.py``: atol 1e-5 in fp32).
 """
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Literal
 
@@ -171,20 +171,16 @@ class Experts(nn.Module):
 
 
 def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
-    """``torch._grouped_mm`` exists and takes these operands (dtypes and 16-byte aligned
-    row strides; CUDA additionally needs bf16 on compute capability >= 9)."""
+    """``torch._grouped_mm`` exists and takes these operands: fp32 / bf16 / fp16 on CPU or CUDA,
+    16-byte aligned rows. (On CUDA torch runs its CUTLASS kernel for bf16 on compute
+    capability >= 9 and its own per-group fallback elsewhere.)"""
     if not hasattr(torch, "_grouped_mm") or x.dtype != w.dtype:
+        return False
+    if x.dtype not in (torch.float32, torch.bfloat16, torch.float16):
         return False
     if any(s * x.element_size() % 16 for s in w.shape[1:]):
         return False
-    if x.device.type == "cuda":
-        return x.dtype is torch.bfloat16 and _sm_major(x.device.index) >= 9
-    return x.device.type == "cpu" and x.dtype in (torch.float32, torch.bfloat16)
-
-
-@functools.cache
-def _sm_major(index: int | None) -> int:
-    return torch.cuda.get_device_capability(index)[0]
+    return x.device.type in ("cpu", "cuda")
 
 
 class Router(nn.Module):

@@ -97,6 +97,10 @@ class Capabilities:
             block whose positions are all committed keeps running only while its rows edit,
             at most ``max_post_steps`` steps (``samplers.editing``). Implies
             ``reads_masked_only=False`` (committed positions are scored too).
+        samples_tokens: the selector draws the tokens it commits itself at ``temperature > 0``
+            (from ``state.logits`` with ``state.model.probs`` and ``state.generator``, e.g. only
+            over the rows it may commit, as Fast-dLLM v2 samples its sub-block), returning them
+            as ``Selection.tokens``; the proposal then stays greedy and draws nothing.
         max_post_steps: with ``edits``, the steps a block may run after its last mask is
             committed (LLaDA2.1 ``max_post_steps``; a post step that edits nothing ends the
             row's block). Must be 0 without ``edits``.
@@ -119,6 +123,7 @@ class Capabilities:
     reads_masked_only: bool = False
     noise_kinds: tuple[str, ...] = ("mask",)
     edits: bool = False
+    samples_tokens: bool = False
     max_post_steps: int = 0
 
     def __post_init__(self) -> None:

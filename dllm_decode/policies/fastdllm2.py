@@ -16,10 +16,13 @@ position alone at its argmax when it is still masked (the AR token), then the su
 
 Deviations: rows of a batch are independent (the reference moves its batch sub-block by
 sub-block together, and its top-p sampling draws for row 0 only, a bug: batched sampling is
-not reproduced); the reference runs the prompt's full blocks in a separate prefill forward
-(one more forward when the prompt is longer than a block and not block-aligned) where the
-block-causal plan computes them in the first step's forward; ``use_block_cache`` (sub-block-
-only forwards reusing the block's K/V) is not provided. The mask token is never a candidate.
+not reproduced); the mask token is not in the sampling distribution unless
+``mask_in_softmax`` (the reference's softmax keeps it); the reference runs the prompt's full
+blocks in a separate prefill forward (one more forward when the prompt is longer than a block
+and not block-aligned) where the block-causal plan computes them in the first step's forward;
+``use_block_cache`` (sub-block-only forwards reusing the block's K/V) is not provided;
+``batch_sample`` never checks a block's AR token against the stop token (a bug: here an EOS
+there stops the row like any other, ``block_eos_stop``).
 """
 
 from __future__ import annotations
@@ -30,11 +33,12 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.kernels.reference import filter_logits
 from dllm_decode.policies.base import lowest
 from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
-from dllm_decode.types import StepState
+from dllm_decode.types import Selection, StepState
 
 
 @dataclass(frozen=True)
@@ -44,15 +48,34 @@ class SubBlockThreshold:
     ``small_block_size`` (aligned inside the block) that has a mask, every masked position
     with probability ``> threshold`` (strict) plus the most probable one.
 
-    ``block_size``: the model's block size, resolved at bind.
+    ``block_size``: the model's block size; ``temperature``: the sampler's, both resolved at
+    bind. At ``temperature > 0`` the selector samples the current sub-block itself, as the
+    reference: one ``multinomial`` per row over the sub-block's rows of the sampling
+    distribution (``state.model.probs``: tempered, top-p filtered), each position's
+    probability being that of its drawn token; the AR token stays the argmax (no draw).
+    The reference draws for batch row 0 only and gives every row its tokens (a bug, not
+    reproduced: each row draws its own, in row order). ``mask_in_softmax`` reproduces the
+    reference's sampling distribution, a softmax over the full vocabulary, the mask token
+    included (its mass shifts the top-p cut); a drawn mask is then not committed, as writing
+    it changes nothing there. **Off by default**: the mask token is never a candidate.
     """
 
     threshold: float = 0.9
     small_block_size: int = 8
     block_size: int | None = None
-    capabilities = Capabilities(budgeted=False, preferred_cache="block_causal",
-                                requires_attention="block_causal", proposal_fields=(),
-                                reads_masked_only=True)
+    temperature: float = 0.0
+    top_p: float | None = None
+    mask_in_softmax: bool = False
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """Adaptive, block-causal; samples its own tokens (and reads the logits) when
+        ``temperature > 0``."""
+        sample = self.temperature > 0
+        return Capabilities(budgeted=False, preferred_cache="block_causal",
+                            requires_attention="block_causal", proposal_fields=(),
+                            reads_masked_only=not sample, needs_logits=sample,
+                            samples_tokens=sample)
 
     def __post_init__(self) -> None:
         check_fields(self, "SubBlockThreshold")
@@ -60,35 +83,69 @@ class SubBlockThreshold:
         check_range("SubBlockThreshold", "small_block_size", self.small_block_size, 1)
 
     def bind(self, model: Any, cfg: Any = None) -> SubBlockThreshold:
-        """With ``block_size`` = the model's; ``small_block_size`` must divide it."""
+        """With ``block_size`` = the model's and the sampler's ``temperature``. Sub-blocks
+        need not divide the block (the last one is shorter; the reference loops forever
+        unless ``small_block_size`` divides ``block_size``)."""
         block = getattr(model, "block_size", None) or self.block_size
-        if block is None or block % self.small_block_size:
-            raise ValueError(f"fastdllm_v2: small_block_size ({self.small_block_size}) must "
-                             f"divide the model's block size ({block})")
-        return replace(self, block_size=block)
+        return replace(self, block_size=block, top_p=getattr(cfg, "top_p", None),
+                       temperature=float(getattr(cfg, "temperature", 0.0) or 0.0))
 
-    def select(self, state: StepState) -> Tensor:
+    def select(self, state: StepState) -> Tensor | Selection:
         eligible, prob = state.eligible, state.proposal.prob
         block = self.block_size or (state.block_end - state.block_start)
         start = (state.block_start // block) * block  # the aligned block's first position
+        if state.block_step == 0 and state.block_start == start:
+            # the AR token: a block that starts after the prompt commits its first position
+            # alone, at its argmax (no draw; ``state.proposal`` is greedy when this samples)
+            only = torch.zeros_like(eligible)
+            only[:, start] = True
+            return eligible & only
         pos = torch.arange(eligible.shape[1], device=eligible.device)
         # each row's current sub-block: the one holding its first eligible position
         first = torch.where(eligible, pos, eligible.shape[1]).min(1, keepdim=True).values
         sub = self.small_block_size
         current = eligible & ((pos - start) // sub == (first - start) // sub)
+        tokens = None
+        if self.temperature > 0 and state.logits is not None and state.model is not None:
+            first_sub = start + (first - start) // sub * sub  # [B, 1] the sub-block's start
+            tokens, prob = self._sample(state, first_sub)
         best = torch.where(current, prob, lowest(prob.dtype)).argmax(-1, keepdim=True)
         commit = current & (prob > self.threshold).scatter(-1, best, True)
-        # the AR token: a block whose first position is still masked commits it alone
-        ar = eligible[:, start:start + 1]
-        only = torch.zeros_like(eligible)
-        only[:, start] = True
-        return torch.where(ar, eligible & only, commit)
+        if tokens is None:
+            return commit
+        # mask_in_softmax: a drawn mask is written as a no-op by the reference
+        return Selection(commit & (tokens != state.model.mask_token_id), tokens, prob)
+
+    def _sample(self, state: StepState, sub_start: Tensor) -> tuple[Tensor, Tensor]:
+        """``[B, L]`` tokens and their probabilities: one draw per row over the rows of its
+        current sub-block (starting at ``sub_start [B, 1]``; the proposal elsewhere)."""
+        logits, rows = state.logits, state.rows
+        b, length = state.eligible.shape
+        sub = self.small_block_size
+        at = sub_start + torch.arange(sub, device=sub_start.device)  # [B, S] canvas positions
+        at = at.clamp(max=length - 1)
+        first_row = rows[:1] if rows.dim() == 1 else rows[:, :1]
+        idx = (at - first_row).clamp(0, logits.shape[1] - 1)  # [B, S] rows of the logits
+        z = logits.gather(1, idx[..., None].expand(-1, -1, logits.shape[-1])).float()
+        if self.mask_in_softmax and state.mask_logit is not None:
+            z[..., state.model.mask_token_id] = state.mask_logit.gather(1, idx).float()
+        # the reference's distribution: softmax(z / T), top-p (sorted cumulative mass), renormed
+        probs = torch.softmax(filter_logits(z, self.temperature, self.top_p, None), dim=-1)
+        noise = torch.empty_like(probs).exponential_(1, generator=state.generator)
+        drawn = torch.argmax(probs / noise, dim=-1)  # torch.multinomial(probs, 1) per row
+        p_drawn = probs.gather(-1, drawn[..., None])[..., 0]
+        tokens = state.proposal.tokens.scatter(1, at, drawn)
+        prob = state.proposal.prob.scatter(1, at, p_drawn.to(state.proposal.prob.dtype))
+        return tokens, prob
 
 
-def fastdllm_v2_policy(threshold: float = 0.9, small_block_size: int = 8) -> SubBlockThreshold:
+def fastdllm_v2_policy(threshold: float = 0.9, small_block_size: int = 8,
+                       mask_in_softmax: bool = False) -> SubBlockThreshold:
     """The ``fastdllm_v2`` preset (``v2/eval.py`` defaults: threshold 0.9, sub-blocks of 8;
-    the model's block size, 32 released), with its block-level cache (``block_causal``)."""
-    return SubBlockThreshold(threshold=threshold, small_block_size=small_block_size)
+    the model's block size, 32 released), with its block-level cache (``block_causal``).
+    ``mask_in_softmax``: the reference's sampling distribution (see ``SubBlockThreshold``)."""
+    return SubBlockThreshold(threshold=threshold, small_block_size=small_block_size,
+                             mask_in_softmax=mask_in_softmax)
 
 
 register("fastdllm_v2", fastdllm_v2_policy)

@@ -46,6 +46,12 @@ class ProposalMaker:
         self.impl = kernels.resolve_impl(cfg.impl, generator.device)
         self.mask_id = model.mask_token_id
         self.block_size = getattr(model, "block_size", None)
+        #: the selector samples its own tokens (``Capabilities.samples_tokens``): proposals stay
+        #: greedy and draw nothing
+        self.greedy = False
+        #: with ``greedy``: the mask token's raw logits ``[B, R]`` of the last proposal (before
+        #: ``propose`` removes the column), for ``StepState.mask_logit``
+        self.mask_logit: Tensor | None = None
         self.sampling = cfg.sampling or ("categorical" if family == "dream" else "gumbel")
         eos = tuple(getattr(model, "eos_token_ids", ()) or ())
         spec = getattr(model, "spec", None)
@@ -67,12 +73,13 @@ class ProposalMaker:
         cfg = self.cfg
         self._edit(logits)
         noise = None
-        if cfg.temperature > 0 and cfg.rng == "reference":
+        temperature = 0.0 if self.greedy else cfg.temperature
+        if temperature > 0 and cfg.rng == "reference":
             noise = self._reference_noise(logits, fed, rows, masked, n_masked)
         # the torch reference directly when that is the resolved impl (no dispatch per step)
         propose = reference.propose if self.impl is Impl.REFERENCE else functools.partial(
             kernels.propose, impl=self.impl)
-        prop = propose(logits, temperature=cfg.temperature, sampling=self.sampling,
+        prop = propose(logits, temperature=temperature, sampling=self.sampling,
                        top_p=cfg.top_p, top_k=cfg.top_k, noise=noise, generator=self.generator,
                        fields=self.fields)
         if cfg.confidence_eos_eot_inf and self.sampling == "gumbel":
@@ -81,6 +88,8 @@ class ProposalMaker:
 
     def _edit(self, logits: Tensor) -> None:
         removed = self._removed
+        if self.greedy:
+            self.mask_logit = logits[..., self.mask_id].clone()
         if removed.device != logits.device:
             removed = removed.to(logits.device)
         logits.index_fill_(-1, removed, -torch.inf)

@@ -209,6 +209,7 @@ class DiffusionSampler:
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
+        maker.greedy = sel_caps.samples_tokens
         # only the proposal fields the parts read (every field for parts that do not declare
         # them, and for an ``on_step`` callback, which may read anything)
         maker.fields = caps.proposal_fields if on_step is None else None

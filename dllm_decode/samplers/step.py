@@ -102,7 +102,7 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     state = StepState(proposal=full_prop, eligible=eligible, masked=masked, fresh=fresh,
                       canvas=canvas, budget=budget, rows=rows,
                       logits=logits if parts.needs_logits else None, editable=editable,
-                      **info)
+                      mask_logit=maker.mask_logit if maker.greedy else None, **info)
     chosen = parts.selector.select(state)
     sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
     commit = sel.commit
