@@ -26,8 +26,16 @@ probabilities, then one ``randint(0, V, [B, C])`` for re-noising (drawn in full)
 counts the decoder forwards while the row is neither stopped in its canvas nor finished; the
 encoder's cache fills are not counted (as in the reference).
 
-One host sync per step (only with a stopper or ``sticky``: "is every row's canvas decided?")
-and one per canvas (the EOS check).
+Host syncs: one per step with a stopper or ``sticky`` ("is every row's canvas decided?",
+which also reads the contract flags), else one at a canvas's last step (the contract flags);
+one per canvas for the EOS check. The contract (``samplers.contract`` error classes): non-finite
+logits (recorded per row, sampled uniformly meanwhile so that ``multinomial`` never sees NaN)
+and accepted positions outside ``eligible`` raise at the next sync, naming the rows.
+
+This is a separate step loop from the mask loop's body (cache plans, ``ProposalMaker``,
+``StepGuard``, ``EditTracker``): DiffusionGemma's encoder + self-conditioned decoder forward is
+not a ``DecoderLM`` forward any cache plan speaks. Folding it into the mask loop (a "pending"
+set in place of ``canvas == mask_id``, an encoder-decoder cache plan) is left to do.
 """
 
 from __future__ import annotations
