@@ -42,6 +42,48 @@ def tiny_model(family: str = "llada", seed: int = 0, init_std: float = 0.5, **ov
     return build_model(tiny_config(family, **overrides), seed=seed, init_std=init_std)
 
 
+def tiny_gemma_config(**text: Any) -> dict[str, Any]:
+    """A release-style DiffusionGemma config.json dict (text part only): 2 sliding + 1 full
+    layer (own head dim / KV heads, proportional RoPE), 4 experts top-2, canvas 8, vocab 64."""
+    cfg = {"vocab_size": 64, "hidden_size": 32, "intermediate_size": 48,
+           "num_hidden_layers": 3, "num_attention_heads": 4, "num_key_value_heads": 2,
+           "head_dim": 8, "layer_types": ["sliding_attention", "sliding_attention",
+                                          "full_attention"],
+           "per_layer_config": {"2": {"head_dim": 16, "num_key_value_heads": 1}},
+           "rope_parameters": {"sliding_attention": {"rope_type": "default",
+                                                     "rope_theta": 10000.0},
+                               "full_attention": {"rope_type": "proportional",
+                                                  "partial_rotary_factor": 0.25,
+                                                  "rope_theta": 1e6}},
+           "sliding_window": 5, "num_experts": 4, "top_k_experts": 2,
+           "moe_intermediate_size": 8, "rms_norm_eps": 1e-6, "max_position_embeddings": 256,
+           "pad_token_id": 0, "eos_token_id": EOS, "bos_token_id": 2} | text
+    return {"architectures": ["DiffusionGemmaForBlockDiffusion"], "model_type": "diffusion_gemma",
+            "canvas_length": 8, "text_config": cfg}
+
+
+def tiny_gemma(seed: int = 0, init_std: float = 0.5, steps: int = 6):
+    """A tiny random DiffusionGemma (uniform noise) with a 6-step default budget."""
+    from dllm_decode.models.gemma_loading import build_diffusion_gemma
+
+    return build_diffusion_gemma(tiny_gemma_config(), seed=seed, init_std=init_std,
+                                 generation={"max_denoising_steps": steps})
+
+
+def mask_presets(names: Any) -> list[str]:
+    """The preset names that decode mask models (uniform-noise presets such as
+    ``gemma_renoise`` are refused there; ``tests/test_uniform_decoding.py`` runs them)."""
+    from dllm_decode.policies.capabilities import policy_capabilities
+    from dllm_decode.policies.registry import make_policy
+
+    out = []
+    for name in sorted(names):
+        pol = make_policy(name)
+        if "mask" in policy_capabilities(pol.selector, pol.stopper, pol.truncator).noise_kinds:
+            out.append(name)
+    return out
+
+
 def lay_out_cache(cache: Path, repo_id: str, source: Path, commit: str = "0" * 39 + "1",
                   ref: str = "main") -> Path:
     """Lay ``source``'s files out as a Hub cache entry, as huggingface_hub writes it:

@@ -23,10 +23,10 @@ from dllm_decode.policies.learn2pd import with_eotp
 from dllm_decode.policies.registry import DREAM_NAMES, PRESETS, load_optional_presets
 from dllm_decode.policies.registry import make_policy as build
 from dllm_decode.policies.sched import Supervised, sched_policy
-from tests.helpers import tiny_model
+from tests.helpers import mask_presets, tiny_model
 
 load_optional_presets()
-NAMES = sorted(PRESETS)
+NAMES = mask_presets(PRESETS)
 WRAPS = ("plain", "sched", "eotp", "both")
 _MODELS: dict[str, Any] = {}
 

@@ -23,7 +23,7 @@ from dllm_decode.samplers.contract import (
     StalledPolicyError,
 )
 from dllm_decode.types import StepState
-from tests.helpers import EOS, MASK, left_pad_rows, tiny_model
+from tests.helpers import EOS, MASK, left_pad_rows, tiny_gemma, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -279,3 +279,44 @@ def test_sampling_with_per_row_seeds_is_batch_invariant() -> None:
             assert torch.equal(out.answer[i], alone.answer[0]), (family, i)
         with pytest.raises(ValueError, match="one int per row"):
             sampler.generate(ids, mask, seed=[1, 2])
+
+
+# ---- the uniform noise kind (``samplers.uniform``): the same contract, its own eligibility ----
+def test_uniform_non_finite_logits_are_named() -> None:
+    """NaN decoder logits never reach torch's sampler: the rows are named at the next sync."""
+    model = tiny_gemma(seed=5)
+    decode = model.decode
+
+    def broken(canvas, cache, sc=None):
+        logits = decode(canvas, cache, sc)
+        logits[1:, :, 4] = math.nan
+        return logits
+
+    model.decode = broken
+    with pytest.raises(NonFiniteLogitsError, match=r"in rows \[1\]"):
+        DiffusionSampler(model, "gemma_renoise").generate(_prompt(2, 3), gen_length=8)
+
+
+@dataclass(frozen=True)
+class GreedyAll:
+    """Accepts the whole canvas, prompt included: outside eligible on a uniform canvas."""
+
+    capabilities = Capabilities(budgeted=False, noise_kinds=("mask", "uniform"))
+
+    def select(self, state: StepState) -> Tensor:
+        return torch.ones_like(state.eligible)
+
+
+def test_uniform_acceptance_outside_eligible_is_a_contract_error() -> None:
+    with pytest.raises(PolicyContractError, match="not eligible"):
+        DiffusionSampler(tiny_gemma(seed=5), GreedyAll()).generate(_prompt(1, 3), gen_length=8)
+
+
+def test_noise_kind_mismatches_are_refused() -> None:
+    """A mask-token policy on a uniform-noise model, a uniform-only preset on a mask model."""
+    with pytest.raises(ValueError, match="uniform-noise model without a mask token"):
+        DiffusionSampler(tiny_gemma(seed=5), "low_confidence")
+    with pytest.raises(ValueError, match="noise_kind 'mask'"):
+        DiffusionSampler(MODELS["llada"], "gemma_renoise")
+    with pytest.raises(ValueError, match="noise_kinds"):
+        Capabilities(noise_kinds=("gaussian",))

@@ -24,14 +24,14 @@ from dllm_decode import DiffusionSampler
 from dllm_decode.policies.capabilities import capabilities_of
 from dllm_decode.policies.registry import PRESETS, load_optional_presets, make_policy
 from dllm_decode.samplers.contract import NonFiniteLogitsError
-from tests.helpers import EOS, MASK, left_pad_rows, tiny_model
+from tests.helpers import EOS, MASK, left_pad_rows, mask_presets, tiny_gemma, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 load_optional_presets()
 MODELS = {f: tiny_model(f, seed=3) for f in ("llada", "dream", "sdar")}
 #: presets, plus compositions (a stopper / truncator over another base)
-POLICIES: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in sorted(PRESETS)] + [
+POLICIES: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in mask_presets(PRESETS)] + [
     ("sched", {"base": "threshold", "tau": 0.7}), ("sched", {"base": "eb"}),
     ("prophet", {"base": "entropy"}), ("sched", {"base": "low_confidence_dynamic"}),
     # token editing over other selectors (edits bounded per block: ``samplers.editing``)
@@ -230,3 +230,86 @@ def test_every_adversary_meets_every_common_policy(kind: str, policy: str) -> No
         warnings.simplefilter("ignore")
         choice = [name for name, _ in POLICIES].index(policy)
         _adversarial(kind, "llada", choice, 2, [3, 5], 0.0)
+
+
+# ---- the uniform noise kind (DiffusionGemma-style: random-token canvases, re-noising) ----------
+UNIFORM = tiny_gemma(seed=3)
+#: the uniform-noise presets and the mask-model acceptance rules that work on a random canvas
+UNIFORM_POLICIES: list[tuple[str, dict[str, Any]]] = [
+    ("gemma_renoise", {}), ("gemma_renoise", {"early_stop": False}),
+    ("gemma_renoise", {"sticky": True, "entropy_bound": 1.0}),
+    ("gemma_renoise", {"stability_threshold": 0, "confidence_threshold": 5.0}),
+    ("eb", {"gamma": 0.5}), ("threshold", {"tau": 0.3}), ("entropy_threshold", {}),
+]
+
+
+class UniformAdversary:
+    """A uniform-noise model whose decoder logits are replaced (encoder untouched)."""
+
+    def __init__(self, model: Any, kind: str) -> None:
+        self._model, self.kind = model, kind
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def decode(self, canvas: Tensor, cache: Any, sc: Tensor | None = None) -> Tensor:
+        logits = self._model.decode(canvas, cache, sc)
+        if self.kind == "nan":
+            logits[:, :, 5] = math.nan
+        elif self.kind == "neg_inf_half":
+            logits[: max(1, logits.shape[0] // 2)] = -math.inf
+        elif self.kind == "constant":
+            logits = torch.zeros_like(logits)
+        elif self.kind == "always_eos":
+            logits[..., EOS] = 50.0
+        return logits
+
+
+def _uniform_check(out, ids: Tensor, g: int, budget: int) -> None:
+    p = ids.shape[1]
+    pad = UNIFORM.pad_token_id
+    assert out.tokens.shape == (ids.shape[0], p + g)
+    assert torch.equal(out.tokens[:, :p], ids)  # prompt (and its padding) untouched
+    ans = out.answer
+    assert ((ans >= 0) & (ans < UNIFORM.vocab_size)).all()
+    canvases = -(-g // UNIFORM.canvas_length)
+    assert (out.nfe >= 1).all() and (out.nfe <= budget * canvases).all()  # terminates
+    eos = (ans == EOS).long().cumsum(1)
+    assert (ans[(eos > 1) | ((eos == 1) & (ans != EOS))] == pad).all()  # pad after the EOS
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(choice=st.integers(0, len(UNIFORM_POLICIES) - 1),
+       lengths=st.lists(st.integers(1, 7), min_size=1, max_size=3),
+       g=st.sampled_from([8, 12, 16]), seed=st.integers(0, 100))
+def test_fuzz_uniform_decodes(choice: int, lengths: list[int], g: int, seed: int) -> None:
+    """Every uniform-noise decode terminates within its step budget, keeps the prompt, pads
+    after a row's EOS, and with per-row seeds a batch decodes like its rows alone."""
+    policy, params = UNIFORM_POLICIES[choice]
+    sampler = DiffusionSampler(UNIFORM, policy, **params)
+    budget = sampler.policy.selector.bind(UNIFORM).max_denoising_steps
+    ids, mask, rows = _batch(lengths, seed)
+    _uniform_check(sampler.generate(ids, mask, gen_length=g, seed=seed), ids, g, budget)
+    seeds = [seed + i for i in range(len(rows))]
+    batch = sampler.generate(ids, mask, gen_length=g, seed=seeds)
+    _uniform_check(batch, ids, g, budget)
+    i = len(rows) - 1
+    alone = sampler.generate(rows[i][None], gen_length=g, seed=seeds[i])
+    assert torch.equal(alone.answer[0], batch.answer[i]), (policy, params)
+    assert int(alone.nfe[0]) == int(batch.nfe[i])
+
+
+@pytest.mark.parametrize("kind", ["nan", "neg_inf_half", "constant", "always_eos"])
+@pytest.mark.parametrize("choice", range(len(UNIFORM_POLICIES)))
+def test_uniform_adversarial_models(kind: str, choice: int) -> None:
+    policy, params = UNIFORM_POLICIES[choice]
+    sampler = DiffusionSampler(UniformAdversary(UNIFORM, kind), policy, **params)
+    ids, mask, _ = _batch([3, 5], 0)
+    if kind in ("nan", "neg_inf_half"):
+        with pytest.raises(NonFiniteLogitsError, match=r"non-finite logits.* step \d+ in rows"):
+            sampler.generate(ids, mask, gen_length=16)
+        return
+    out = sampler.generate(ids, mask, gen_length=16)
+    _uniform_check(out, ids, 16, sampler.policy.selector.bind(UNIFORM).max_denoising_steps)
+    if kind == "always_eos":  # the first canvas ends every row: EOS, then pad
+        assert (out.answer[:, 0] == EOS).all() and (out.answer[:, 1:] == 0).all()

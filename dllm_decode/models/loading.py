@@ -37,8 +37,10 @@ from safetensors.torch import save_file
 from dllm_decode.memory import check_fits
 from dllm_decode.models.base import DecoderLM, ModelSpec, to_checkpoint_name
 from dllm_decode.models.block import BlockDiffusionModel, sdar_config, sdar_spec
+from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel, is_diffusion_gemma
 from dllm_decode.models.dream import DreamModel, dream_config, dream_spec
 from dllm_decode.models.fastdllm2 import FastDLLMv2Model, fastdllm2_config, fastdllm2_spec
+from dllm_decode.models.gemma_loading import load_diffusion_gemma
 from dllm_decode.models.hub import (
     MODEL_PATTERNS,
     check_model_snapshot,
@@ -258,7 +260,8 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
                dtype: str | torch.dtype = "auto", device: str | torch.device | None = None,
                device_map: str | dict[str, Any] | None = None,
                local_files_only: bool | None = None, token: str | bool | None = None,
-               check_finite: bool = True, mask_token_id: int | None = None) -> DecoderLM:
+               check_finite: bool = True, mask_token_id: int | None = None
+               ) -> DecoderLM | DiffusionGemmaModel:
     """Load a checkpoint into its family's model, in eval mode.
 
     Args:
@@ -295,6 +298,14 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
         check_model_snapshot(directory, str(name_or_path))
     config = read_config(directory)
     cfg_path = directory / "config.json"
+    if is_diffusion_gemma(config):  # encoder-decoder, uniform noise: its own module
+        if device_map is not None:
+            raise ValueError("device_map is not supported for DiffusionGemma; pass device=")
+        target = resolve_dtype(dtype, config)
+        dev = resolve_device(device)
+        check_dtype_runs(target, dev)
+        return load_diffusion_gemma(directory, config, dtype=target, device=dev,
+                                    check_finite=check_finite)
     cls, _, _ = family_of(config, cfg_path)
     config = with_token_ids(config, directory, mask_token_id)
     spec = parse_spec(config, cfg_path)

@@ -69,7 +69,7 @@ class Threshold:
     def capabilities(self) -> Capabilities:
         """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
         return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
-                            reads_masked_only=True)
+                            reads_masked_only=True, noise_kinds=("mask", "uniform"))
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -153,7 +153,7 @@ class EntropyBounded:
 
     gamma: float = 0.1
     capabilities = Capabilities(budgeted=False, proposal_fields=("neg_entropy",),
-                                reads_masked_only=True)
+                                reads_masked_only=True, noise_kinds=("mask", "uniform"))
 
     def __post_init__(self) -> None:
         check_fields(self, "EntropyBounded")
@@ -185,7 +185,7 @@ class EntropyThreshold:
     theta: float | None = None
     #: its entropy comes from the logits; the proposal's is read only on hand-built states
     capabilities = Capabilities(budgeted=False, needs_logits=True, proposal_fields=(),
-                                reads_masked_only=True)
+                                reads_masked_only=True, noise_kinds=("mask", "uniform"))
 
     def bind(self, model: Any, cfg: Any = None) -> EntropyThreshold:
         """With ``theta`` resolved for ``model``'s family (unchanged if given)."""

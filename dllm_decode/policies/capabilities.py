@@ -34,9 +34,12 @@ from dllm_decode.types import OPTIONAL_FIELDS, PROPOSAL_FIELDS, ScoreKind
 _CACHES: Final[tuple[str, ...]] = ("none", "prefix", "dual", "block_causal", "window")
 _SCHEDULES: Final[tuple[str, ...]] = ("llada", "dream")
 _ATTENTIONS: Final[tuple[str, ...]] = ("bidirectional", "block_causal")
+#: how a model marks unknown positions (``model.noise_kind``; models without one: ``mask``)
+NOISE_KINDS: Final[tuple[str, ...]] = ("mask", "uniform")
 #: capabilities a stopper or truncator may declare (the rest describe how a selector selects)
 _ANY_ROLE: Final[frozenset[str]] = frozenset({"full_span", "needs_logits", "requires_attention",
-                                              "proposal_fields", "reads_masked_only"})
+                                              "proposal_fields", "reads_masked_only",
+                                              "noise_kinds"})
 #: how close a bool attribute's name must be to a capability name to be reported as a typo
 _TYPO_CUTOFF: Final[float] = 0.88
 
@@ -81,6 +84,11 @@ class Capabilities:
             sampler may score only the masked fed positions (as Dream's reference does):
             ``StepState.fresh`` then marks those, and the proposal elsewhere is unscored (the
             canvas token, 0). Default False: every fed position is scored.
+        noise_kinds: the model noise kinds the part works with (``NOISE_KINDS``): ``mask``
+            (a mask token marks unknown positions: LLaDA, Dream, SDAR) and/or ``uniform`` (the
+            canvas holds random tokens, re-noised until accepted: DiffusionGemma,
+            ``policies.renoise``). Checked against ``model.noise_kind`` when the sampler is
+            built: a mask-token policy on a uniform model (or the reverse) is an error.
         edits: the selector may rewrite committed positions (token editing, LLaDA2.1's T2T;
             re-noising an accepted position on a uniform-noise model is the same capability):
             ``select`` may return ``types.Selection(commit, tokens, edit=...)`` with ``edit`` a
@@ -113,11 +121,16 @@ class Capabilities:
     stochastic: bool = False
     proposal_fields: tuple[str, ...] | None = None
     reads_masked_only: bool = False
+    noise_kinds: tuple[str, ...] = ("mask",)
     edits: bool = False
     samples_tokens: bool = False
     max_post_steps: int = 0
 
     def __post_init__(self) -> None:
+        kinds = self.noise_kinds
+        if isinstance(kinds, str) or not kinds or any(k not in NOISE_KINDS for k in kinds):
+            raise ValueError(f"Capabilities.noise_kinds must be a non-empty tuple of "
+                             f"{NOISE_KINDS}, got {kinds!r}")
         if self.proposal_fields is not None:
             object.__setattr__(self, "proposal_fields", _check_fields(self.proposal_fields))
         for name, value, valid in (("preferred_cache", self.preferred_cache, _CACHES),
@@ -243,7 +256,8 @@ class PolicyCapabilities:
     any part asks (a stopper always implies ``full_span``); ``requires_attention`` is the one
     attention any part requires (``None``: any); ``proposal_fields`` the optional ``Proposal``
     fields the present parts read (``None``: every field, when any part does not declare them);
-    ``masked_only`` whether every present part ``reads_masked_only``.
+    ``masked_only`` whether every present part ``reads_masked_only``; ``noise_kinds`` the
+    model noise kinds every present part works with.
     """
 
     selector: Capabilities
@@ -252,6 +266,15 @@ class PolicyCapabilities:
     requires_attention: str | None
     proposal_fields: tuple[str, ...] | None = None
     masked_only: bool = False
+    noise_kinds: tuple[str, ...] = ("mask",)
+
+
+def noise_kind_of(model: Any) -> str:
+    """``model.noise_kind`` (``"mask"`` for models that do not declare one)."""
+    kind = getattr(model, "noise_kind", "mask")
+    if kind not in NOISE_KINDS:
+        raise ValueError(f"model.noise_kind must be one of {NOISE_KINDS}, got {kind!r}")
+    return kind
 
 
 def policy_capabilities(selector: Any, stopper: Any = None,
@@ -277,4 +300,6 @@ def policy_capabilities(selector: Any, stopper: Any = None,
         requires_attention=next(iter(need), None),
         proposal_fields=union_fields(*(parts[role].proposal_fields for role in present)),
         masked_only=all(parts[role].reads_masked_only for role in present),
+        noise_kinds=tuple(k for k in NOISE_KINDS
+                          if all(k in parts[role].noise_kinds for role in present)),
     )

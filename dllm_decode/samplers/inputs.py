@@ -52,7 +52,8 @@ def check_inputs(model: Any, prompt_ids: Tensor | list, attention_mask: Tensor |
     if (real < 0).any() or (real >= vocab).any():
         raise ValueError(f"prompt token ids must be in [0, {vocab}); got min {int(real.min())}, "
                          f"max {int(real.max())}")
-    if not cfg.allow_prompt_masks and (real == model.mask_token_id).any():
+    mask_id = model.mask_token_id  # None: a uniform-noise model has no mask token
+    if mask_id is not None and not cfg.allow_prompt_masks and (real == mask_id).any():
         raise ValueError(f"the prompt contains the mask token ({model.mask_token_id}); pass "
                          "allow_prompt_masks=True for infilling (masked prompt positions then "
                          "compete for commits like block positions, as in LLaDA's generate)")

@@ -12,7 +12,7 @@ from torch import Tensor
 from dllm_decode.cache.plans import make_plan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.base import check_commit, init_memory_of
-from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
+from dllm_decode.policies.capabilities import Capabilities, noise_kind_of, policy_capabilities
 from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.batching import decode_groups, split_rows
@@ -33,6 +33,7 @@ from dllm_decode.samplers.step import (
     post_forward,
     step_progress,
 )
+from dllm_decode.samplers.uniform import check_noise_kind, decode_uniform, uniform_policy
 from dllm_decode.types import Generation, Impl, StepState
 
 OnStep = Callable[[StepState, Tensor], None]
@@ -103,6 +104,15 @@ class DiffusionSampler:
             ``samplers.params.build_policy``. Unknown names raise ``ValueError`` with the
             closest valid one.
 
+    Noise kinds (``Capabilities.noise_kinds``, ``model.noise_kind``): the loop above is the
+    mask-token one. A uniform-noise model (DiffusionGemma: no mask token, canvases of random
+    tokens) runs the same block -> step -> forward -> propose -> select -> stop -> commit
+    structure in ``samplers.uniform.decode_uniform``, where a block is one canvas, a commit is
+    an acceptance and every other position is re-noised (``policies.renoise``); its policies
+    are ``gemma_renoise`` or an acceptance rule declaring ``"uniform"`` (``eb``,
+    ``threshold``, ``entropy_threshold``), wrapped in ``Renoise``. A policy and a model of
+    different noise kinds are refused here, in ``__init__``.
+
     Batch invariance: a row's greedy tokens and NFE do not depend on its batch neighbours
     (block-causal models split ragged batches by block phase, see ``samplers.batching``); with
     ``temperature > 0`` one generator is shared by the batch unless ``seed`` is a list with one
@@ -114,9 +124,13 @@ class DiffusionSampler:
                  **params: Any) -> None:
         cfg_params, self.policy = build_policy(policy, params)  # the one split (with build_sampler)
         self.model = model
+        self.noise_kind = noise_kind_of(model)
+        if self.noise_kind == "uniform":
+            self.policy = uniform_policy(self.policy, model)
         # the one place the policy's declared capabilities are read and validated
         self.capabilities = policy_capabilities(self.policy.selector, self.policy.stopper,
                                                 self.policy.truncator)
+        check_noise_kind(self.capabilities, self.noise_kind, self.policy.name, model)
         need = self.capabilities.requires_attention
         if need is not None and getattr(model, "attention", None) != need:
             raise ValueError(f"policy {self.policy.name!r} needs a model with attention={need!r} "
@@ -162,6 +176,9 @@ class DiffusionSampler:
         if groups is not None:  # batch invariance: sub-batches decoded alone, then merged
             return decode_groups(self.generate, prompt, valid_prompt, groups, on_step=on_step,
                                  **{k: v for k, v in overrides.items() if k != "seed"})
+        if self.noise_kind == "uniform":  # canvases of random tokens (samplers.uniform)
+            return decode_uniform(model, selector, stopper, prompt, valid_prompt, cfg,
+                                  policy.name, on_step)
         b, p = prompt.shape
         # the decoded span: G, or (``decode_block_padding``, LLaDA2's quirk) up to a block end
         g, g_out = sch.padded_gen_length(model, cfg, p), cfg.gen_length

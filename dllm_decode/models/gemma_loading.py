@@ -1,0 +1,120 @@
+"""DiffusionGemma checkpoints: released tensor names, loading (text only), seeded builds.
+
+Only the decoder copy of the shared text weights is stored (``model.decoder.*``), plus the
+encoder's own ``layer_scalar`` per layer; the vision tower (``model.encoder.vision_tower.*``,
+``model.encoder.embed_vision.*``) is skipped knowingly: the library runs DiffusionGemma text
+only (``models.diffusion_gemma``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel, gemma_spec
+from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_names
+from dllm_decode.models.weights import check_finite as check_tensor_finite
+
+#: checkpoint prefixes of the vision tower: skipped knowingly (text-only support)
+VISION_PREFIXES = ("model.encoder.vision_tower.", "model.encoder.embed_vision.")
+
+
+def build_diffusion_gemma(config: dict[str, Any], *, seed: int = 0, init_std: float = 0.02,
+                          generation: dict[str, Any] | None = None) -> DiffusionGemmaModel:
+    """A model from a ``config.json`` dict with seeded weights (tests, benchmarks): matrices
+    and expert tensors N(0, init_std^2), norm weights and learned scales 1."""
+    model = DiffusionGemmaModel(gemma_spec(config, generation))
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            if p.dim() == 1:
+                p.fill_(1.0)
+            else:
+                p.copy_(torch.randn(p.shape, generator=gen) * init_std)
+    return model.eval()
+
+
+# ---- checkpoint names -------------------------------------------------------------------------
+def checkpoint_name(internal: str) -> str:
+    """Internal parameter name -> released tensor name."""
+    if internal.startswith("encoder_scalars."):
+        return f"model.encoder.language_model.layers.{internal.split('.')[1]}.layer_scalar"
+    if internal.startswith("embed."):
+        return "model.decoder.embed_tokens." + internal[len("embed."):]
+    return "model.decoder." + internal
+
+
+def load_diffusion_gemma(directory: Path, config: dict[str, Any], *, dtype: torch.dtype,
+                         device: torch.device, check_finite: bool = True) -> DiffusionGemmaModel:
+    """Build the model from ``config.json`` (+ ``generation_config.json``) and read its
+    safetensors tensor by tensor into ``dtype`` on ``device``.
+
+    Every text tensor must be present with the shape the config implies; the vision tower's
+    tensors are skipped (text-only); any other tensor is a ``CheckpointError``."""
+    gen_path = directory / "generation_config.json"
+    spec = gemma_spec(config, read_json(gen_path) if gen_path.is_file() else None)
+    with torch.device("meta"):
+        model = DiffusionGemmaModel(spec)
+    expected = {checkpoint_name(k): (k, tuple(v.shape)) for k, v in model.state_dict().items()}
+    names = tensor_names(directory)
+    text = {n: f for n, f in names.items() if not n.startswith(VISION_PREFIXES)}
+    unexpected = sorted(set(text) - set(expected))
+    missing = sorted(set(expected) - set(text))
+    if unexpected or missing:
+        raise CheckpointError(f"{directory}: tensors do not match the DiffusionGemma text model "
+                              f"its config.json describes: unexpected {unexpected[:5]}, missing "
+                              f"{missing[:5]}")
+    state: dict[str, Tensor] = {}
+    files = sorted(set(text.values()))
+    offsets = file_offsets(files)
+    for name, t in iter_tensors(files, device):
+        if name not in expected:  # a vision tensor stored in a shard with text tensors
+            continue
+        internal, shape = expected[name]
+        if tuple(t.shape) != shape:
+            raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(t.shape)}, "
+                                  f"config.json implies {shape}")
+        if check_finite:
+            check_tensor_finite(t, name, directory)
+        t = t.to(device=device, dtype=dtype)
+        state[internal] = _aligned_copy(t, offsets.get(name)) if t.device.type == "cpu" \
+            and t.dtype == torch.float32 else t.clone()
+    model.load_state_dict(state, assign=True)
+    return model.eval()
+
+
+#: byte alignment reproduced from the file (the widest SIMD load a CPU GEMM kernel checks)
+ALIGN = 64
+
+
+def file_offsets(files: list[Path]) -> dict[str, int]:
+    """``{tensor name: byte offset of its data in its safetensors file}`` (header read only)."""
+    out: dict[str, int] = {}
+    for file in files:
+        with open(file, "rb") as f:
+            n = int.from_bytes(f.read(8), "little")
+            header = json.loads(f.read(n))
+        for name, meta in header.items():
+            if name != "__metadata__":
+                out[name] = 8 + n + int(meta["data_offsets"][0])
+    return out
+
+
+def _aligned_copy(t: Tensor, offset: int | None) -> Tensor:
+    """An owned copy of ``t`` whose address has the same remainder modulo ``ALIGN`` as its data
+    in the file. transformers keeps CPU weights as views of the memory-mapped file, and the
+    CPU ``grouped_mm`` kernel rounds differently for differently aligned operands: the copy
+    makes the float32 CPU forward bit-identical to the reference's (the sampled conformance
+    cases depend on it). ``offset=None``: a plain copy."""
+    if offset is None:
+        return t.clone()
+    size = t.element_size()
+    buf = torch.empty(t.numel() + 2 * ALIGN // size, dtype=t.dtype)
+    shift = ((offset - buf.data_ptr()) % ALIGN) // size
+    out = buf[shift:shift + t.numel()].view(t.shape)
+    out.copy_(t)
+    return out
