@@ -100,14 +100,15 @@ def decode_bytes(model: Any, batch: int, length: int, fed: int, cached: bool) ->
     least 32 bytes per position), one forward's logits in float32 ``[B, N, V]`` and hidden
     states ``[B, L, d]``, and the KV cache in the weights' dtype.
     """
-    spec = getattr(model, "spec", None)
+    spec = getattr(model, "spec", None)  # None: no hidden / KV terms
     vocab = int(getattr(model, "vocab_size", 0) or 0)
     first = _first_parameter(model)
     elem = first.element_size() if first is not None else 4
     total = 32 * batch * length + 4 * batch * fed * vocab
-    if spec is not None:
-        total += elem * batch * length * int(spec.hidden_size)
-        if cached:
-            total += (2 * elem * int(spec.num_layers) * batch * int(spec.num_kv_heads) * length
-                      * int(spec.head_dim))
+    sizes = {k: int(getattr(spec, k, 0) or 0)
+             for k in ("hidden_size", "num_layers", "num_kv_heads", "head_dim")}
+    total += elem * batch * length * sizes["hidden_size"]
+    if cached:  # families whose spec names these differently (DiffusionGemma) count 0 here
+        total += (2 * elem * sizes["num_layers"] * batch * sizes["num_kv_heads"] * length
+                  * sizes["head_dim"])
     return total

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel, gemma_spec
-from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_names
+from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_index
 from dllm_decode.models.weights import check_finite as check_tensor_finite
 
 #: checkpoint prefixes of the vision tower: skipped knowingly (text-only support)
@@ -60,14 +60,16 @@ def load_diffusion_gemma(directory: Path, config: dict[str, Any], *, dtype: torc
     with torch.device("meta"):
         model = DiffusionGemmaModel(spec)
     expected = {checkpoint_name(k): (k, tuple(v.shape)) for k, v in model.state_dict().items()}
-    names = tensor_names(directory)
-    text = {n: f for n, f in names.items() if not n.startswith(VISION_PREFIXES)}
+    index = tensor_index(directory)  # headers only: every check below precedes any data read
+    text = {n: f for n, (f, _) in index.items() if not n.startswith(VISION_PREFIXES)}
     unexpected = sorted(set(text) - set(expected))
     missing = sorted(set(expected) - set(text))
     if unexpected or missing:
         raise CheckpointError(f"{directory}: tensors do not match the DiffusionGemma text model "
                               f"its config.json describes: unexpected {unexpected[:5]}, missing "
                               f"{missing[:5]}")
+    for name in sorted(text):
+        _check_shape(directory, name, index[name][1], expected[name][1])
     state: dict[str, Tensor] = {}
     files = sorted(set(text.values()))
     offsets = file_offsets(files)
@@ -75,9 +77,7 @@ def load_diffusion_gemma(directory: Path, config: dict[str, Any], *, dtype: torc
         if name not in expected:  # a vision tensor stored in a shard with text tensors
             continue
         internal, shape = expected[name]
-        if tuple(t.shape) != shape:
-            raise CheckpointError(f"{directory}: tensor {name!r} has shape {tuple(t.shape)}, "
-                                  f"config.json implies {shape}")
+        _check_shape(directory, name, tuple(t.shape), shape)
         if check_finite:
             check_tensor_finite(t, name, directory)
         t = t.to(device=device, dtype=dtype)
@@ -85,6 +85,13 @@ def load_diffusion_gemma(directory: Path, config: dict[str, Any], *, dtype: torc
             and t.dtype == torch.float32 else t.clone()
     model.load_state_dict(state, assign=True)
     return model.eval()
+
+
+def _check_shape(directory: Path, name: str, shape: tuple[int, ...],
+                 want: tuple[int, ...]) -> None:
+    if shape != want:
+        raise CheckpointError(f"{directory}: tensor {name!r} has shape {shape}, config.json "
+                              f"implies {want} (check the head counts, head dims and sizes)")
 
 
 #: byte alignment reproduced from the file (the widest SIMD load a CPU GEMM kernel checks)
