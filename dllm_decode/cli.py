@@ -95,18 +95,24 @@ def _reject_sampler_params(params: dict[str, Any]) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
+    from dllm_decode.policies.defaults import resolve_policy
     from dllm_decode.samplers.build import build_sampler
     from dllm_decode.text import generate_text
 
-    _check_policy_name(args.policy)
+    if args.policy is not None:
+        _check_policy_name(args.policy)
     params = _policy_params(args.param)
     _reject_sampler_params(params)
     model, tok, desc = load_model_and_tokenizer(args.model, args.seed, dtype=args.dtype,
                                                 device=args.device, revision=args.revision)
     params.update(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
-                  temperature=args.temperature, seed=args.seed, stop_at_eos=args.stop_at_eos)
-    sampler = build_sampler(model, args.policy, stopper=args.stopper, truncator=args.truncator,
-                            cache=args.cache, params=params)
+                  temperature=args.temperature, seed=args.seed)
+    if args.stop_at_eos:  # else the family default's (Fast-dLLM v2 stops at its EOS)
+        params["stop_at_eos"] = True
+    # no --policy: the model family's default preset, parameters and cache
+    policy, params, cache = resolve_policy(model, args.policy, params, args.cache)
+    sampler = build_sampler(model, policy, stopper=args.stopper, truncator=args.truncator,
+                            cache=cache, params=params)
     on_step = None
     live = None
     if args.show:
@@ -138,7 +144,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 
 def _check_policy_name(name: str) -> None:
-    if ":" not in name and name not in PRESETS:
+    if ":" not in name and name not in PRESETS and name != "default":
         raise ValueError(f"unknown policy {name!r}; valid names: {sorted(PRESETS)}, or an "
                          "import path 'package.module:ClassName' / 'file.py:ClassName'")
 
@@ -177,16 +183,20 @@ def build_parser() -> argparse.ArgumentParser:
                      choices=["auto", "float32", "bfloat16", "float16"],
                      help="auto: the checkpoint's torch_dtype (float32 if it has none)")
     gen.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
-    gen.add_argument("--policy", default="low_confidence", metavar="NAME|MODULE:CLASS",
+    gen.add_argument("--policy", default=None, metavar="NAME|MODULE:CLASS",
                      help=f"a preset ({', '.join(sorted(PRESETS))}) or a class by import "
-                          "path, e.g. my_pkg.rules:TopTwo or examples/my_policy.py:NoNeighbours")
+                          "path, e.g. my_pkg.rules:TopTwo or examples/my_policy.py:NoNeighbours "
+                          "(default: the model family's preset, policies/defaults.py: "
+                          "low_confidence for LLaDA, llada2 for LLaDA2, gemma_renoise for "
+                          "DiffusionGemma, ...)")
     gen.add_argument("--stopper", default=None, metavar="NAME|MODULE:CLASS",
                      help=f"add a stopper: {', '.join(sorted(STOPPERS))} or an import path")
     gen.add_argument("--truncator", default=None, metavar="NAME|MODULE:CLASS",
                      help=f"add a truncator: {', '.join(sorted(TRUNCATORS))} or an import path")
     gen.add_argument("--cache", default=None,
                      choices=["none", "prefix", "dual", "block_causal", "window"],
-                     help="default: the policy's preferred cache, else none")
+                     help="default: the family default's cache (no --policy), else the "
+                          "policy's preferred cache, else none")
     gen.add_argument("--gen-length", type=int, default=64)
     gen.add_argument("--block-length", type=int, default=None)
     gen.add_argument("--steps", type=int, default=None)

@@ -25,8 +25,12 @@ class SamplerConfig:
 
     Attributes:
         gen_length: G, number of generated positions.
-        block_length: K, semi-autoregressive block length (``None``: one block of G). Block-
-            diffusion models always use their own block size, aligned to absolute positions.
+        block_length: K, semi-autoregressive block length (``None``: one block of G); LLaDA /
+            Dream need ``G % K == 0`` (``check_block_division``, when decoding). Block-
+            diffusion models always use their own block size (``None`` or that size), aligned
+            to absolute positions, for any G (the last block is cut at ``P + G``, or decoded
+            whole with ``decode_block_padding``); uniform-noise models decode canvases of
+            their ``canvas_length`` (``None`` or that length) and cut the last one to G.
         steps: total steps for budgeted policies, split evenly over blocks (``None``: one
             token per step, i.e. G). Adaptive policies ignore it.
         temperature: 0 -> argmax proposals; > 0 -> sampling (float64 Gumbel-max for LLaDA).
@@ -144,10 +148,6 @@ class SamplerConfig:
               f"gen_length must be an int >= 1, got {self.gen_length!r}")
         check(self.block_length is None or self.block_length >= 1,
               f"block_length must be >= 1 or None, got {self.block_length!r}")
-        if self.block_length is not None and self.gen_length % self.block_length:
-            check(False, f"gen_length ({self.gen_length}) must be divisible by block_length "
-                         f"({self.block_length}); valid block lengths: "
-                         f"{_divisors(self.gen_length)}")
         check(self.steps is None or self.steps >= 1, f"steps must be >= 1, got {self.steps!r}")
         check(0 <= self.temperature < math.inf,
               f"temperature must be a finite number >= 0, got {self.temperature}")
@@ -177,11 +177,24 @@ class SamplerConfig:
 
     @property
     def num_blocks(self) -> int:
+        """Prompt-relative blocks (LLaDA / Dream): ``G // K``."""
         return self.gen_length // (self.block_length or self.gen_length)
 
     @classmethod
     def field_names(cls) -> tuple[str, ...]:
         return tuple(f.name for f in fields(cls))
+
+
+def check_block_division(cfg: SamplerConfig) -> None:
+    """``ValueError`` unless ``block_length`` divides ``gen_length``: the rule of prompt-
+    relative blocks (LLaDA's ``generate`` asserts it; Dream decodes one block). Not applied
+    to block-diffusion or uniform-noise models, whose blocks / canvases are their own and
+    whose references accept any length."""
+    if cfg.block_length is not None and cfg.gen_length % cfg.block_length:
+        raise ValueError(f"gen_length ({cfg.gen_length}) must be divisible by block_length "
+                         f"({cfg.block_length}) on a model decoding prompt-relative blocks "
+                         f"(LLaDA, Dream); valid block lengths: {_divisors(cfg.gen_length)}, "
+                         f"or a gen_length that is a multiple of {cfg.block_length}")
 
 
 def _enum(cls, value, name: str):

@@ -238,8 +238,9 @@ def _end_of_turn_id(tokenizer: Any) -> int | None:
 
 
 def _generation_config_eos(tokenizer: Any) -> list[int]:
-    path = Path(str(getattr(tokenizer, "name_or_path", "") or "")) / "generation_config.json"
-    if not path.is_file():
+    directory = str(getattr(tokenizer, "name_or_path", "") or "")
+    path = Path(directory) / "generation_config.json"
+    if not directory or not path.is_file():  # no directory: not the working directory's file
         return []
     eos = json.loads(path.read_text()).get("eos_token_id")
     if eos is None:

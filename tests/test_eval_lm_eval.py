@@ -58,7 +58,8 @@ def test_decode_settings_gen_kwargs_win(checkpoint: Path) -> None:
     lm = DllmDecodeLM(pretrained=str(checkpoint), policy="threshold", tau="0.9",
                       block_length="8", steps="none")  # fmt: skip
     sampler, generate = lm.decode_settings({"max_gen_toks": 20, "until": ["\n"]})
-    assert sampler == {"policy": "threshold", "cache": "none", "tau": 0.9}
+    # cache None: the policy's preferred one (the family's with the default policy)
+    assert sampler == {"policy": "threshold", "cache": None, "tau": 0.9}
     assert generate["gen_length"] == 24 and generate["block_length"] == 8  # rounded up
     assert generate["steps"] is None
     sampler, generate = lm.decode_settings(

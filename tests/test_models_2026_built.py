@@ -233,7 +233,8 @@ def test_lm_eval_adapter_defaults_to_the_models_block_size() -> None:
     model = tiny_moe_model("llada2")
     lm = DllmDecodeLM(model=model, tokenizer=SimpleNamespace(eos_token_id=EOS), device="cpu")
     _, generate = lm.decode_settings({"max_gen_toks": 10})
-    assert generate["block_length"] == model.block_size == 4 and generate["gen_length"] == 12
+    # the model's own block; gen_length exactly as asked (whole blocks decoded inside)
+    assert generate["block_length"] == model.block_size == 4 and generate["gen_length"] == 10
     assert lm.eos_ids == model.eos_token_ids
 
 

@@ -10,8 +10,14 @@ Decoding knobs come from ``--model_args`` and, per request, from ``--gen_kwargs`
 ``generation_kwargs`` (those win): ``policy``, ``cache``, ``block_length``, ``steps`` or
 ``tokens_per_step`` (steps = gen_length / k), ``temperature``, ``seed``, ``stopper`` /
 ``truncator`` (composition, as on the CLI) and any policy parameter (``tau``, ``factor``,
-``stopper.tau_low``, ...). ``max_gen_toks`` sets gen_length (rounded up to a
-multiple of block_length); ``until`` strings truncate the decoded text.
+``stopper.tau_low``, ...). Without ``policy`` (or with ``policy=default``) the model
+family's default preset, parameters and cache are used (``policies.defaults``: ``llada2`` on
+LLaDA2, ``fastdllm_v2`` on Fast-dLLM v2, ``gemma_renoise`` on DiffusionGemma, ...).
+``max_gen_toks`` sets gen_length: exactly, on block-diffusion models (decoded in their own
+block size unless ``block_length`` is given) and uniform-noise models (canvases of their own
+length); rounded up to a multiple of block_length on LLaDA / Dream. ``until`` strings
+truncate the decoded text; answers end at the model's EOS, ``generation_config.json``'s and
+the tokenizer's EOS / end-of-turn (``text.stop_token_ids``).
 
 ``loglikelihood`` is the Monte-Carlo masked ELBO of LLaDA-style evaluation: per draw, mask
 ``l`` of the ``L`` continuation tokens (``l`` stratified over the draws of a batch), and
@@ -124,8 +130,11 @@ class DllmDecodeLM(LM):
                           "safetensors with its own model code and the tokenizer with "
                           "trust_remote_code=False (README: What runs code)", stacklevel=2)
         knobs = {k: _typed(v) for k, v in knobs.items() if k not in ("max_batch_size",)}
-        self.knobs: dict[str, Any] = {"policy": "low_confidence", "cache": "none", **knobs}
-        self.eos_ids = tuple(getattr(model, "eos_token_ids", ()) or (tokenizer.eos_token_id,))
+        # policy / cache None: the family's default (``policies.defaults.resolve_policy``)
+        self.knobs: dict[str, Any] = {"policy": None, "cache": None, **knobs}
+        from dllm_decode.text import stop_token_ids
+
+        self.eos_ids = stop_token_ids(tokenizer, model)
         self._samplers: dict[tuple[Any, ...], Any] = {}
 
     # ------------------------------------------------------------ helpers
@@ -146,10 +155,15 @@ class DllmDecodeLM(LM):
         """``(sampler_kwargs, generate_kwargs)`` for one request (gen_kwargs win)."""
         merged = {**self.knobs, **{k: _typed(v) for k, v in gen_kwargs.items()}}
         requested = int(merged.get("max_gen_toks") or DEFAULT_GEN_TOKS)
-        # block-diffusion models decode in their own block size unless told otherwise
-        own = self.model.block_size if self.model.attention == "block_causal" else None
-        block = merged.get("block_length") or own or requested
-        gen_length = math.ceil(requested / block) * block
+        block = merged.get("block_length")
+        if getattr(self.model, "noise_kind", "mask") == "uniform":
+            gen_length = requested  # canvases of the model's own length, cut to the request
+        elif self.model.attention == "block_causal":
+            # their own block size unless told otherwise; any length (whole blocks decoded)
+            block, gen_length = block or self.model.block_size, requested
+        else:
+            block = block or requested
+            gen_length = math.ceil(requested / block) * block
         steps = merged.get("steps")
         if merged.get("tokens_per_step"):
             steps = max(1, gen_length // int(merged["tokens_per_step"]))
@@ -169,6 +183,7 @@ class DllmDecodeLM(LM):
     def _sampler(self, settings: dict[str, Any]) -> Any:
         """The sampler for ``settings``: ``policy``, ``cache``, optional ``stopper`` /
         ``truncator`` (composition, as on the CLI) and flat parameters (``stopper.NAME``...)."""
+        from dllm_decode.policies.defaults import resolve_policy
         from dllm_decode.samplers.build import build_sampler
 
         key = tuple(sorted((k, str(v)) for k, v in settings.items()))
@@ -176,6 +191,7 @@ class DllmDecodeLM(LM):
             rest = dict(settings)
             policy, cache = rest.pop("policy"), rest.pop("cache")
             stopper, truncator = rest.pop("stopper", None), rest.pop("truncator", None)
+            policy, rest, cache = resolve_policy(self.model, policy, rest, cache)
             self._samplers[key] = build_sampler(self.model, policy, stopper=stopper,
                                                 truncator=truncator, cache=cache, params=rest)
         return self._samplers[key]
@@ -286,6 +302,10 @@ class DllmDecodeLM(LM):
 
     def loglikelihood(self, requests: list[Any], disable_tqdm: bool = False) -> list[tuple]:
         """``(log p, is_greedy)`` per request; ``is_greedy`` is not computed (always False)."""
+        if getattr(self.model, "noise_kind", "mask") != "mask":
+            raise NotImplementedError(
+                "loglikelihood is the masked ELBO of mask-token models; this uniform-noise "
+                "model has no mask token: evaluate it with generate_until tasks")
         generator = torch.Generator().manual_seed(int(self.knobs.get("seed") or 0))
         out = []
         for request in requests:

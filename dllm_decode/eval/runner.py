@@ -24,7 +24,7 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from importlib import metadata
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any
 
 import torch
 
+from dllm_decode.eval.decoding import DecodeFn, check_block_length, sampler_decode_fn
 from dllm_decode.eval.metrics import kendall_tau
 from dllm_decode.eval.parallelbench.codec import Codec, useful_length
 from dllm_decode.eval.parallelbench.grid import DecodeConfig, Grid, expand_configs
@@ -48,37 +49,11 @@ from dllm_decode.eval.parallelbench.rows import (
 from dllm_decode.eval.parallelbench.tasks import task_spec
 from dllm_decode.eval.parallelbench.text_graders import TextBackends
 
-#: ``decode(prompt_ids [B,P], attention_mask [B,P], config)`` -> object with ``answer [B,G]``,
-#: ``nfe [B]`` and ``commit_step [B,G]`` (a ``dllm_decode.Generation``).
-DecodeFn = Callable[[torch.Tensor, torch.Tensor, DecodeConfig], Any]
+__all__ = ["DecodeFn", "RunSummary", "check_block_length", "left_pad", "load_records",
+           "run_grid", "run_sweep", "sampler_decode_fn", "versions"]
 
 
 # ---------------------------------------------------------------- decoding
-
-
-def sampler_decode_fn(model: Any) -> DecodeFn:
-    """A :data:`DecodeFn` over ``dllm_decode.DiffusionSampler`` (one sampler per composed
-    policy / params / cache)."""
-    from dllm_decode.samplers.build import build_sampler
-
-    samplers: dict[tuple[Any, ...], Any] = {}
-    parameter = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
-    device = parameter.device if parameter is not None else torch.device("cpu")
-
-    def decode(prompt_ids: torch.Tensor, attention_mask: torch.Tensor, config: DecodeConfig) -> Any:
-        key = (config.policy, config.stopper, config.truncator, config.params, config.cache)
-        if key not in samplers:
-            samplers[key] = build_sampler(
-                model, config.policy, stopper=config.stopper, truncator=config.truncator,
-                cache=config.cache, params=dict(config.params),
-            )  # fmt: skip
-        return samplers[key].generate(
-            prompt_ids.to(device), attention_mask.to(device), gen_length=config.gen_length,
-            block_length=config.block_length, steps=config.steps,
-            temperature=config.temperature, seed=config.seed,
-        )  # fmt: skip
-
-    return decode
 
 
 def left_pad(prompts: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -403,10 +378,14 @@ def run_sweep(args: Any) -> RunSummary:
         from dllm_decode.tokenizer import load_tokenizer
 
         source = _tokenizer_source(model_name, getattr(args, "tokenizer", None) or grid.tokenizer)
-        eos = getattr(model, "eos_token_ids", None)
+        from dllm_decode.text import stop_token_ids
+
         # load_tokenizer, not AutoTokenizer: AutoTokenizer first reads config.json through
         # AutoConfig, which does not know the llada / Dream / sdar model types
-        codec = TokenizerCodec(load_tokenizer(source), eos_token_ids=eos)
+        tokenizer = load_tokenizer(source)
+        # answers end at the model's EOS, generation_config.json's and the tokenizer's EOS /
+        # end-of-turn (LLaDA2's <|role_end|>, Qwen-style <|im_end|>)
+        codec = TokenizerCodec(tokenizer, eos_token_ids=stop_token_ids(tokenizer, model))
     summary = run_grid(
         grid, records, args.out, decode=sampler_decode_fn(model), codec=codec,
         model=str(model_name), progress=not getattr(args, "no_progress", False),

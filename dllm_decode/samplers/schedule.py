@@ -99,10 +99,17 @@ def decode_layout(model: Any, cfg: SamplerConfig, p: int,
     absolute-aligned blocks of a block-diffusion model's own size."""
     if model.attention == "block_causal":
         if cfg.block_length is not None and cfg.block_length != model.block_size:
+            view = (f", or decode a view in blocks of {cfg.block_length}: "
+                    f"model.with_block_size({cfg.block_length})"
+                    if hasattr(model, "with_block_size") else "")
             raise ValueError(f"block-diffusion models decode in their own block size "
-                             f"({model.block_size}); got block_length={cfg.block_length}")
+                             f"({model.block_size}); got block_length={cfg.block_length}: pass "
+                             f"block_length=None (any gen_length){view}")
         bsz = model.block_size
         return [(s, e, (s // bsz) * bsz) for s, e in aligned_blocks(p, length, bsz)]
+    from dllm_decode.config import check_block_division  # noqa: PLC0415 (import cycle)
+
+    check_block_division(cfg)
     k = cfg.block_length or cfg.gen_length
     return [(s, e, s) for s, e in blocks(p, cfg.gen_length, k)]
 

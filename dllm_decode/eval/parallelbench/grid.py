@@ -26,11 +26,15 @@ Grid file (every key optional except ``sweeps``)::
         params: {tau: 0.9, stopper.tau_low: [2.0, 2.5]}   # stopper.* / truncator.* address parts
       - policy: my_pkg.rules:TopTwo   # a user class by import path (or file.py:Class)
 
-``policy``, ``stopper`` and ``truncator`` may be lists (crossed). Per sweep also: ``cache``
+``policy``, ``stopper`` and ``truncator`` may be lists (crossed); ``policy: default`` is the
+model family's preset with its parameters and cache (``policies.defaults``; resolved by the
+runner once the model is loaded, recorded as ``default``). Per sweep also: ``cache``
 (default ``none``), ``temperature`` (0.0), ``seed`` (0), ``gen_length`` (``auto`` = the task's
-max_tokens, or an int). A config is skipped (and reported) when ``k`` does not divide
-``gen_length``, the block length does not divide it, or ``steps`` is not a positive multiple
-of the block count (the v1 validity rules).
+max_tokens, or an int). ``block_length: model`` is the model's own block size (block
+diffusion: LLaDA2, Fast-dLLM v2, SDAR) or canvas length (DiffusionGemma), for any
+``gen_length``; those models refuse ``full``. A config is skipped (and reported) when ``k``
+does not divide ``gen_length``, a numeric block length does not divide it, or ``steps`` is
+not a positive multiple of the block count (the v1 validity rules).
 
 ``tokens_per_step`` sets the step count; the per-step budget rule is the model family's (a
 Dream model uses Dream's time grid, which at ``steps = G`` commits no token in the first step
@@ -66,6 +70,9 @@ _SWEEP_KEYS: Final[frozenset[str]] = frozenset(
 )  # fmt: skip
 #: Characters of the sha256 hex digest kept as a config id.
 HASH_CHARS: Final[int] = 16
+#: ``block_length`` value: the model's own block size (block diffusion) or canvas length
+#: (uniform noise); recorded as ``null``
+MODEL_BLOCK: Final = "model"
 
 
 @dataclass(frozen=True)
@@ -220,17 +227,21 @@ def _check_sweep_params(raw: Mapping[str, Any], params: Mapping[str, Any], where
     accepts, fail at grid load (the check ``DiffusionSampler`` / ``build_sampler`` make)."""
     from dllm_decode.config import SamplerConfig
     from dllm_decode.policies.compose import unknown_params
+    from dllm_decode.policies.defaults import DEFAULT_POLICY
     from dllm_decode.policies.registry import PRESETS, load_optional_presets
 
     load_optional_presets()
     first = {str(k): _as_tuple(v)[0] for k, v in params.items()}
     first = {k: v for k, v in first.items() if k not in SamplerConfig.field_names()}
     for name in map(str, _as_tuple(raw["policy"])):
+        if name == DEFAULT_POLICY:  # the model family's preset: checked when it is built
+            continue
         if not is_import_path(name) and name not in PRESETS:
             close = difflib.get_close_matches(name, sorted(PRESETS), n=1)
             hint = f" (did you mean {close[0]!r}?)" if close else ""
-            raise ValueError(f"{where}: unknown policy {name!r}{hint}; valid: {sorted(PRESETS)} "
-                             "or an import path 'package.module:ClassName'")
+            raise ValueError(f"{where}: unknown policy {name!r}{hint}; valid: {sorted(PRESETS)}, "
+                             f"{DEFAULT_POLICY!r} (the model family's preset) or an import path "
+                             "'package.module:ClassName'")
         for stopper, truncator in itertools.product(_as_tuple(raw.get("stopper")),
                                                     _as_tuple(raw.get("truncator"))):
             try:
@@ -308,17 +319,18 @@ def expand_configs(grid: Grid, task: str, model: str) -> list[DecodeConfig]:
         ):  # fmt: skip
             policy, values, cache, temperature, seed, gen, block, sched, stop, trunc = combo
             gen_length = budget if gen == "auto" else int(gen)
-            block_length = gen_length if block in ("full", None) else int(block)
+            block_length = (None if block == MODEL_BLOCK
+                            else gen_length if block in ("full", None) else int(block))
             steps = sched
             if sweep.tokens_per_step is not None:
                 if gen_length % int(sched):
                     grid.skipped.append(f"{task}: k={sched} does not divide {gen_length}")
                     continue
                 steps = gen_length // int(sched)
-            if gen_length % block_length:
+            if block_length is not None and gen_length % block_length:
                 grid.skipped.append(f"{task}: block {block_length} does not divide {gen_length}")
                 continue
-            blocks = gen_length // block_length
+            blocks = 1 if block_length is None else gen_length // block_length
             if steps is not None and (int(steps) < 1 or int(steps) % blocks):
                 grid.skipped.append(f"{task}: steps={steps} not a multiple of {blocks} blocks")
                 continue
