@@ -384,7 +384,7 @@ def run_sweep(args: Any) -> RunSummary:
         # AutoConfig, which does not know the llada / Dream / sdar model types
         tokenizer = load_tokenizer(source)
         # answers end at the model's EOS, generation_config.json's and the tokenizer's EOS /
-        # end-of-turn (LLaDA2's <|role_end|>, Qwen-style <|im_end|>)
+        # end-of-turn (the token its chat template writes after an answer: <|im_end|>, ...)
         codec = TokenizerCodec(tokenizer, eos_token_ids=stop_token_ids(tokenizer, model))
     summary = run_grid(
         grid, records, args.out, decode=sampler_decode_fn(model), codec=codec,
