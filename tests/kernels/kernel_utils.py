@@ -13,6 +13,8 @@ import warnings
 import torch
 from torch import Tensor
 
+from dllm_decode.kernels import selfcheck
+
 #: filler of output padding; must survive untouched
 SENTINEL = -7777.0
 #: numpy's floating-point warnings from inside the Triton interpreter (which runs every lane
@@ -21,8 +23,8 @@ SENTINEL = -7777.0
 #: checked against the references, so these are expected in the kernel tests; only warnings
 #: raised in the module ``triton.runtime.interpreter`` are meant, never the library's own (a
 #: failed self-check warns from ``dllm_decode.kernels``) nor numpy warnings raised elsewhere.
-INTERPRETER_NUMPY_WARNINGS = (r"divide by zero encountered", r"invalid value encountered",
-                              r"overflow encountered")
+#: The library's self-check ignores the same ones (``kernels.selfcheck``).
+INTERPRETER_NUMPY_WARNINGS = selfcheck.INTERPRETER_NUMPY_WARNINGS
 
 
 def from_interpreter(w: warnings.WarningMessage) -> bool:

@@ -177,3 +177,33 @@ def test_auto_on_cuda_goes_per_op(monkeypatch) -> None:
     assert kernels.propose_impl("auto", cuda, "categorical") is Impl.REFERENCE
     monkeypatch.setattr(kernels, "_require_triton", lambda device: None)
     assert kernels.propose_impl("triton", cuda, "categorical") is Impl.TRITON  # then raises
+
+
+def test_check_ignores_only_the_interpreters_expected_warnings(device, monkeypatch) -> None:
+    """``selfcheck.check`` (doctor, first use) silences the interpreter's numpy warnings on
+    masked-out lanes, and nothing else: the same warning text raised outside
+    ``triton.runtime.interpreter`` and the library's own warnings pass through."""
+    import numpy as np
+
+    if device.type != "cpu":
+        pytest.skip("the interpreter runs on a CPU-only machine")
+    with warnings.catch_warnings(record=True) as raw:  # the bare check does warn (log2(0))
+        warnings.simplefilter("always")
+        assert selfcheck.CHECKS["block_attention"](device, torch.float32) is None
+    assert any(from_interpreter(w) for w in raw)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for op in selfcheck.CHECKS:
+            assert selfcheck.check(op, device) is None, op
+    assert seen == []
+
+    def noisy(device: torch.device, dtype: torch.dtype) -> None:
+        np.log2(np.zeros(1))  # the same numpy warning, raised here
+        warnings.warn("dllm_decode.kernels: something else", RuntimeWarning, stacklevel=1)
+
+    monkeypatch.setitem(selfcheck.CHECKS, "noisy", noisy)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert selfcheck.check("noisy", device) is None
+    messages = [str(w.message) for w in seen]
+    assert any("divide by zero" in m for m in messages) and any("something" in m for m in messages)
