@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 from dllm_decode import DiffusionSampler, generate_text, load_model, load_tokenizer
+from dllm_decode.policies.defaults import resolve_policy
 
 #: the training prompt format of the bundled checkpoints (ParallelBench Waiting Line, copy)
 WAITING_LINE = (
@@ -32,17 +33,19 @@ def main() -> None:
     ap.add_argument("--model", default="tiny-llada", help="directory, Hub id or bundled name")
     ap.add_argument("--dtype", default="auto")
     ap.add_argument("--device", default=None)
-    ap.add_argument("--policy", default="low_confidence")
-    ap.add_argument("--cache", default="none")
+    ap.add_argument("--policy", default=None, help="default: the model family's preset")
+    ap.add_argument("--cache", default=None, help="default: the family's / policy's cache")
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--block-length", type=int, default=None)
     ap.add_argument("--prompt", action="append", default=None, help="repeat for a batch")
     args = ap.parse_args()
     model = load_model(args.model, dtype=args.dtype, device=args.device)
     tok = load_tokenizer(args.model)
-    block = args.block_length or (model.block_size or args.gen_length)
-    sampler = DiffusionSampler(model, args.policy, cache=args.cache, gen_length=args.gen_length,
-                               block_length=block)
+    # no --policy: the family's preset with its settings (llada2 on LLaDA2, gemma_renoise on
+    # DiffusionGemma, ...); block_length None: one block of G, or the model's own block size
+    policy, params, cache = resolve_policy(model, args.policy, None, args.cache)
+    sampler = DiffusionSampler(model, policy, cache=cache, gen_length=args.gen_length,
+                               block_length=args.block_length, **params)
     out = generate_text(sampler, tok, args.prompt or PROMPTS)
     for text in out.texts:
         print(text)
