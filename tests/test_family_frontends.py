@@ -162,12 +162,13 @@ def _raw_sweeps(grid: Any) -> list[dict[str, Any]]:
 
 
 @pytest.mark.parametrize("name", sorted(FAMILIES))
-def test_lm_eval_generate_until_with_the_family_default(tok, name: str) -> None:
+def test_lm_eval_generate_until_with_the_family_default(tok, tmp_path: Path, name: str) -> None:
     pytest.importorskip("lm_eval", reason="lm-eval is not installed")
     from dllm_decode.eval.lm_eval import DllmDecodeLM
 
     model = family_model(name, len(tok))
-    lm = DllmDecodeLM(model=model, tokenizer=tok, device="cpu")
+    speed = tmp_path / "speed.jsonl"
+    lm = DllmDecodeLM(model=model, tokenizer=tok, device="cpu", speed_log=str(speed))
     assert set(stop_token_ids(tok, model)) <= set(lm.eos_ids)
     sampler_kw, generate_kw = lm.decode_settings({"max_gen_toks": 10})
     assert generate_kw["gen_length"] == 10  # exactly: whole blocks / canvases inside
@@ -176,6 +177,8 @@ def test_lm_eval_generate_until_with_the_family_default(tok, name: str) -> None:
                 for prompt in ("Maya Doyle", "the cat")]
     texts = lm.generate_until(requests)
     assert len(texts) == 2 and all(isinstance(t, str) and "\n\n" not in t for t in texts)
+    logged = [json.loads(line) for line in speed.read_text().splitlines()]
+    assert [r["config"]["policy"] for r in logged] == [FAMILIES[name][1]] * 2
     if getattr(model, "noise_kind", "mask") == "uniform":
         with pytest.raises(NotImplementedError, match="no mask token"):
             lm.loglikelihood([SimpleNamespace(args=("a", " b"))])

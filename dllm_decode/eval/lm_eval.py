@@ -5,6 +5,8 @@ Usage (the launcher registers the model and adds the ParallelBench task pack)::
     python -m dllm_decode.eval.lm_eval --model dllm_decode --tasks gsm8k --num_fewshot 5 \\
         --model_args pretrained=GSAI-ML/LLaDA-8B-Instruct,policy=threshold,tau=0.9 \\
         --gen_kwargs block_length=32
+    python -m dllm_decode.eval.lm_eval --model dllm_decode --tasks gsm8k \
+        --model_args pretrained=inclusionAI/LLaDA2.0-mini,dtype=bfloat16   # family default: llada2
 
 Decoding knobs come from ``--model_args`` and, per request, from ``--gen_kwargs`` / the task's
 ``generation_kwargs`` (those win): ``policy``, ``cache``, ``block_length``, ``steps`` or
@@ -242,8 +244,12 @@ class DllmDecodeLM(LM):
                 sampler_kw, generate_kw, _ = settings[chunk[0]]
                 prompts = [self._context_ids(requests[i]) for i in chunk]
                 ids, mask = left_pad(prompts, pad)
+                sampler = self._sampler(sampler_kw)
+                # the speed log names what ran (the family's preset for policy None)
+                logged = {**sampler_kw, "policy": sampler.policy.name,
+                          "cache": sampler.config.cache.value}
                 began = time.perf_counter()
-                generation = self._sampler(sampler_kw).generate(
+                generation = sampler.generate(
                     ids.to(self.device_name), mask.to(self.device_name), **generate_kw
                 )
                 seconds = (time.perf_counter() - began) / len(chunk)
@@ -253,7 +259,7 @@ class DllmDecodeLM(LM):
                     text = self.tokenizer.decode(answer[:useful], skip_special_tokens=True)
                     outputs[i] = self.truncate(text, settings[i][2])
                     self._log_speed(requests[i], generation.nfe[row], useful, generate_kw,
-                                    sampler_kw, seconds, len(prompts[row]))  # fmt: skip
+                                    logged, seconds, len(prompts[row]))  # fmt: skip
         return outputs
 
     def _log_speed(self, request: Any, nfe: Any, useful: int, generate_kw: dict,
