@@ -244,3 +244,15 @@ def test_generation_config_eos_needs_a_directory(tmp_path: Path, monkeypatch) ->
     (tmp_path / "generation_config.json").write_text(json.dumps({"eos_token_id": 7}))
     tok = SimpleNamespace(name_or_path="", eos_token_id=5)
     assert stop_token_ids(tok) == (5,)
+
+
+@pytest.mark.parametrize("policy,params", [("llada2", {}), ("llada21", {"mode": "speed"})])
+def test_readme_llada2_settings_cache_is_exact(policy: str, params: dict) -> None:
+    """The quick start's LLaDA2 settings: ``block_causal`` gives the tokens and NFE of no
+    cache (the reference's), editing included, at a gen_length off the block grid."""
+    model = tiny_moe_model("llada2")
+    prompt = torch.randint(0, 60, (3, 7))
+    kw = dict(gen_length=13, block_eos_stop=True, **params)
+    a = DiffusionSampler(model, policy, cache="none", **kw).generate(prompt)
+    b = DiffusionSampler(model, policy, cache="block_causal", **kw).generate(prompt)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.nfe, b.nfe)
