@@ -10,7 +10,7 @@ Block size needs no entry: block-diffusion models decode in their own block size
 canvases of their ``canvas_length``, and LLaDA / Dream in one block of ``gen_length``.
 
 The README's "Supported model families" table lists the same defaults with what each
-reference decoder does; ``tests/test_family_defaults.py`` keeps the two in step.
+reference decoder does; ``tests/test_family_frontends.py`` keeps the two in step.
 """
 
 from __future__ import annotations
