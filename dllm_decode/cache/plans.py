@@ -85,6 +85,24 @@ class Fed:
         return torch.full((batch,), self.refresh, dtype=torch.bool, device=self.logits.device)
 
 
+@dataclass(frozen=True)
+class Feed:
+    """The host integers of one step's forward (``ForwardPlan.feed``): the model is fed canvas
+    positions ``[start, end)`` (against the cache when ``use_cache``) and scores the rows
+    ``[lo, hi)``; ``fed_start`` / ``fed_width`` / ``refresh`` / ``double_draw`` are ``Fed``'s.
+    Two steps with equal ``Feed`` run the same tensor program (a captured step's key)."""
+
+    start: int
+    end: int
+    lo: int
+    hi: int
+    use_cache: bool
+    fed_start: int
+    fed_width: int
+    refresh: bool
+    double_draw: bool = False
+
+
 class ForwardPlan:
     """Runs the model for one step according to the cache mode (one plan per generation).
 
@@ -255,7 +273,7 @@ class ForwardPlan:
     def forward(self, canvas: Tensor, block: tuple[int, int], aligned_start: int,
                 step_in_block: int, lo: int, full_span: bool,
                 host: list[int] | None = None) -> Fed:
-        """One forward for a step.
+        """One forward for a step: ``feed`` (the host bookkeeping) then ``run`` (the tensors).
 
         Args:
             canvas: ``[B', L]`` tokens (B' = 2B under CFG).
@@ -266,42 +284,49 @@ class ForwardPlan:
             full_span: logits wanted up to the end of the canvas (stoppers), not the block.
             host: the values of ``prepare``'s tensor, read on the host (unused here).
         """
+        self._draft_upto = None
+        if self.draft_causal and self.model.attention == "block_causal":
+            bs, be = aligned_start, block[1]
+            pos = torch.arange(bs, be, device=canvas.device)
+            open_ = canvas[:, bs:be] == self.model.mask_token_id
+            self._draft_upto = torch.where(open_, pos, be).min(1).values
+        return self.run(canvas, self.feed(block, aligned_start, step_in_block, lo, full_span))
+
+    def feed(self, block: tuple[int, int], aligned_start: int, step_in_block: int, lo: int,
+             full_span: bool) -> Feed:
+        """The host half of ``forward``: which span this step feeds and scores (host integers
+        only, no tensor work), and the plan's per-block bookkeeping (the causal boundary, the
+        block-causal clean prefix). ``run`` does the tensor half; a captured step
+        (``samplers.graph``) calls ``feed`` on the host every step and replays ``run``."""
         bs, be = block
         length = self.length
         hi = length if full_span else be
         mode = self.mode
         self.boundary = aligned_start
-        self._draft_upto = None
-        if self.draft_causal and self.model.attention == "block_causal":
-            pos = torch.arange(aligned_start, be, device=canvas.device)
-            open_ = canvas[:, aligned_start:be] == self.model.mask_token_id
-            self._draft_upto = torch.where(open_, pos, be).min(1).values
         refresh = step_in_block == 0 or (
             self.refresh_every is not None and step_in_block % self.refresh_every == 0)
         if mode is CacheMode.NONE:
-            logits = self._run(canvas, 0, length, lo, hi, use_cache=False)
-            return Fed(logits, self._arange(lo, hi), 0, length, refresh=True, span=(lo, hi))
+            return Feed(0, length, lo, hi, False, 0, length, True)
         if mode in (CacheMode.PREFIX, CacheMode.DUAL) and refresh:
-            logits = self._run(canvas, 0, length, lo, hi, use_cache=True)
-            return Fed(logits, self._arange(lo, hi), 0, length, refresh=True, span=(lo, hi))
+            return Feed(0, length, lo, hi, True, 0, length, True)
         if mode is CacheMode.PREFIX:
             start = max(bs - self.shift, 0)
-            lo = max(lo, bs)
-            logits = self._run(canvas, start, length, lo, hi, use_cache=True)
-            return Fed(logits, self._arange(lo, hi), bs, length - bs, refresh=False,
-                       double_draw=True, span=(lo, hi))
+            return Feed(start, length, max(lo, bs), hi, True, bs, length - bs, False,
+                        double_draw=True)
         if mode is CacheMode.DUAL:
             start = max(bs - self.shift, 0)
-            lo, hi = max(lo, bs), be
-            logits = self._run(canvas, start, be, lo, hi, use_cache=True)
-            return Fed(logits, self._arange(lo, hi), bs, be - bs, refresh=False, span=(lo, hi))
+            return Feed(start, be, max(lo, bs), be, True, bs, be - bs, False)
         # block_causal: feed [clean_upto, be); the previous block gets its final K/V here
         start = max(min(self.clean_upto, aligned_start) - self.shift, 0)
-        lo, hi = max(lo, aligned_start), be
-        logits = self._run(canvas, start, be, lo, hi, use_cache=True)
         self.clean_upto = aligned_start
-        return Fed(logits, self._arange(lo, hi), aligned_start, be - aligned_start,
-                   refresh=step_in_block == 0, span=(lo, hi))
+        return Feed(start, be, max(lo, aligned_start), be, True, aligned_start,
+                    be - aligned_start, step_in_block == 0)
+
+    def run(self, canvas: Tensor, feed: Feed) -> Fed:
+        """The tensor half of ``forward``: the model over ``feed``'s span (no host sync)."""
+        logits = self._run(canvas, feed.start, feed.end, feed.lo, feed.hi, feed.use_cache)
+        return Fed(logits, self._arange(feed.lo, feed.hi), feed.fed_start, feed.fed_width,
+                   refresh=feed.refresh, double_draw=feed.double_draw, span=(feed.lo, feed.hi))
 
     def extra_forward(self, canvas: Tensor, tokens: Tensor, positions: Tensor,
                       mask: Tensor) -> Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -18,6 +19,8 @@ from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.batching import decode_groups, split_rows
 from dllm_decode.samplers.contract import StepGuard, expected_rows
 from dllm_decode.samplers.fused import fused_step, span_selector
+from dllm_decode.samplers.graph import GraphRun, StepGraphs
+from dllm_decode.samplers.graph_support import unsupported
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker
@@ -34,6 +37,7 @@ from dllm_decode.samplers.step import (
 from dllm_decode.types import Generation, Impl, StepState
 
 OnStep = Callable[[StepState, Tensor], None]
+_graph_log = logging.getLogger("dllm_decode.graph")
 
 
 class DiffusionSampler:
@@ -92,6 +96,12 @@ class DiffusionSampler:
             ``generate`` (reuse the sampler). Tokens equal the eager loop's; ``bits`` may differ
             in the last float32 digits. Not for policies that run extra forwards or draw
             data-dependent shapes (``rng="reference"`` sampling, Dream ``origin``): they raise.
+        graphs: run each step (forward + the work after it) on static buffers
+            (``samplers.graph``): on CUDA each step shape is captured once as a CUDA graph and
+            replayed; on the CPU the same step runs eagerly (for tests). ``None`` (default):
+            on for CUDA wherever the policy and settings allow (else the eager loop, the
+            reason logged on the ``dllm_decode.graph`` logger and kept in
+            ``graph_reason``); ``False``: never. Tokens equal the eager loop's.
         **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``; only
             with a preset name or an import path), split and checked by
             ``samplers.params.build_policy``. Unknown names raise ``ValueError`` with the
@@ -105,7 +115,7 @@ class DiffusionSampler:
 
     def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
                  cache: str | None = None, *, debug: bool = False, compile: bool | str = False,
-                 **params: Any) -> None:
+                 graphs: bool | None = None, **params: Any) -> None:
         cfg_params, self.policy = build_policy(policy, params)  # the one split (with build_sampler)
         self.model = model
         # the one place the policy's declared capabilities are read and validated
@@ -123,6 +133,9 @@ class DiffusionSampler:
         self.debug = debug
         self.compile = compile
         self._compiled: Any = None  # the compiled step, built on first use (per device)
+        self.graphs = graphs
+        self.step_graphs: StepGraphs | None = None  # static buffers and graphs (first use)
+        self.graph_reason: str | None = None  # why the last generate ran without them
 
     def __repr__(self) -> str:
         return f"DiffusionSampler(policy={self.policy.name!r}, cache={self.config.cache.value!r})"
@@ -228,6 +241,13 @@ class DiffusionSampler:
         step_forwards: list[int] = []  # host counters: model calls per step
         step = forwards = 0
         total_steps = sum(block_steps) if block_steps else g
+        graphed = self._graph_run(plan, parts, memory, canvas, caps, cfg, bound, on_step, p,
+                                  total_steps)
+        if graphed is not None:  # the step runs on static buffers (samplers.graph)
+            maker.masked_only, fuse = False, None
+            canvas, commit_at, commit_prob = graphed.canvas, graphed.commit_at, \
+                graphed.commit_prob
+            lengths = graphed.lengths
 
         for blk, (bs, be, aligned) in enumerate(layout):
             steps_per_block = block_steps[blk] if block_steps else None
@@ -260,6 +280,29 @@ class DiffusionSampler:
                 if n_left == 0 and not (cfg.exact_steps and steps_per_block):
                     break
                 reach = min(be + lookahead, length)
+                budget = None
+                if budgets is not None:
+                    budget = budgets[i]
+                elif steps_per_block:
+                    budget = sch.dream_budget(masked, times, i, n_iter, fractions)
+                if graphed is not None:  # the same step on static buffers, maybe replayed
+                    canvas, commit_prob, active, full = graphed.step(
+                        canvas, commit_prob, block=blk, bounds=(bs, be), aligned=aligned,
+                        step_in_block=i, lo=lo, full_span=full_span, step=step,
+                        progress=step / max(total_steps - 1, 1), budget=budget,
+                        times=(times[i], times[i + 1]) if times is not None else None,
+                        n_masked=n_masked, last=i == n_iter - 1,
+                        steps_left=(n_iter - i) if steps_per_block or times is not None
+                        else None, force_end=i == n_iter - 1 and lo == p,
+                        stall_limit=min(n_iter, be - bs))
+                    forwards += 1
+                    step_forwards.append(1)
+                    refreshed.append(spans.flag(full))
+                    took_part.append(active)
+                    if cfg.stop_at_eos and model.eos_token_ids:
+                        canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id)
+                    step += 1
+                    continue
                 fed = plan.forward(model_canvas, (bs, reach), aligned, i, lo, full_span,
                                    host=host)
                 forwards += 1
@@ -277,11 +320,6 @@ class DiffusionSampler:
                     eligible = masked & fresh & spans.get(0, reach)
                 if lookahead:  # batch invariance: a row whose block is complete waits
                     eligible = eligible & masked[:, bs:be].any(1, keepdim=True)
-                budget = None
-                if budgets is not None:
-                    budget = budgets[i]
-                elif steps_per_block:
-                    budget = sch.dream_budget(masked, times, i, n_iter, fractions)
                 active = eligible.any(1)
                 step_model.begin(model_canvas, active)
                 # the contract's per-step inputs (samplers.contract; see post_forward)
@@ -338,6 +376,8 @@ class DiffusionSampler:
                     on_step(state, commit)
                 step += 1
         guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
+        if graphed is not None:  # the buffers are the next generation's
+            canvas, lengths = canvas.clone(), lengths.clone()
         nfe = (torch.stack(took_part, 1).sum(1) if took_part
                else torch.zeros(b, dtype=torch.long, device=device))
         bits_t = bits_per_step(commit_at, commit_prob, step)
@@ -346,6 +386,29 @@ class DiffusionSampler:
         return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
                           commit_step=commit_at[:, p:].clone(), bits=bits_t, lengths=lengths,
                           refreshed=refreshed_t, step_forwards=step_forwards)
+
+    def _graph_run(self, plan: Any, parts: StepParts, memory: Any, canvas: Tensor,
+                   caps: Capabilities, cfg: SamplerConfig, bound: tuple[Any, Any, Any],
+                   on_step: OnStep | None, p: int, total_steps: int) -> GraphRun | None:
+        """This generation's static-buffer step (``samplers.graph``), or ``None`` (eager)."""
+        self.graph_reason = None
+        cuda = canvas.device.type == "cuda"
+        if self.graphs is False or (self.graphs is None and not cuda):
+            return None
+        why = unsupported(plan=plan, cfg=cfg, caps=caps, parts=bound, on_step=on_step,
+                          debug=self.debug, compile=self.compile)
+        if why is not None:
+            self.graph_reason = why
+            log = _graph_log.warning if self.graphs else _graph_log.info
+            log("policy %r, cache %r: steps run eagerly (no CUDA graphs): %s",
+                self.policy.name, cfg.cache.value, why)
+            return None
+        if self.step_graphs is None or self.step_graphs.capture != cuda:
+            self.step_graphs = StepGraphs(capture=cuda)
+        setting = repr((replace(cfg, seed=None), bound))
+        return self.step_graphs.begin(model=self.model, plan=plan, parts=parts, memory=memory,
+                                      canvas=canvas, gen_start=p, gen_length=cfg.gen_length,
+                                      total_steps=total_steps, setting=setting)
 
     def _step_function(self, caps: Capabilities, cfg: SamplerConfig,
                        device: torch.device) -> Callable[..., Any]:

@@ -69,7 +69,8 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     Args:
         parts: the generation's ``StepParts``.
         fed: the plan's ``Fed`` (for the reference RNG shapes); ``logits [B, R, V]`` its
-            logits after CFG (edited in place: the mask token becomes -inf).
+            logits after CFG (edited in place eagerly, copied under ``torch.compile``: the
+            mask token becomes -inf; ``StepState.logits`` sees the edit either way).
         rows, live: the scored canvas positions ``[R]`` / ``[B, R]`` and their live flags.
         canvas, masked, fresh, eligible: ``[B, L]`` this step's tensors.
         budget: ``[B]`` int64 scheduled commits or ``None``.
@@ -85,13 +86,15 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
             eligible position left, else ``None``).
     """
     maker = parts.maker
+    # the mask token (and EOS) removed: in place eagerly, a new tensor under torch.compile
+    logits = maker.edit(logits)
     masked_rows = maker.masked_rows(logits, fed, live, masked, ctl.get("in_rows"))
     if masked_rows is None:
-        prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"])
+        prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"], edited=True)
         full_prop = widen(prop, canvas, rows, live, span=fed.span, span_mask=fresh)
         checked, checked_live = prop, live
     else:  # masked-only policies: the masked rows alone are scored (and fresh)
-        checked = maker.propose_rows(logits, masked_rows[0])
+        checked = maker.propose_rows(logits, masked_rows[0], edited=True)
         full_prop = widen_at(checked, canvas, masked_rows[1])
         fresh = masked & fresh
         checked_live = None

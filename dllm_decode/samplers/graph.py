@@ -1,0 +1,407 @@
+"""The decode step as a function of static buffers, replayed as a CUDA graph per shape.
+
+Between two host syncs a decode step is: the forward over the fed span (``ForwardPlan.run``)
+and the work after it (``samplers.step.post_forward``: propose, select, the contract, stop,
+commit). ``StepGraphs`` runs that step on preallocated tensors that outlive the generation
+(ARCHITECTURE.md, "The step is a function of static buffers"):
+
+* the canvas ``[B, L]``, the commit records, the K/V cache, the key validity and RoPE
+  positions, and every tensor the policy's memory and the contract's progress record carry
+  from step to step, are one set of buffers per ``(B, L)``, reused across blocks and
+  generations;
+* what changes from step to step is written into buffers before the step (the global step
+  index, the schedule's progress and the budget ``[B]``); the masks of the step (masked,
+  eligible, fresh, the forced block end) are computed inside it from the canvas;
+* what the step produces is copied back into those buffers at its end (the new canvas, the
+  commit probabilities, a reassigned memory tensor), so nothing outside the buffers is read
+  by a later step, and no input of the step is mutated except the buffers themselves.
+
+The host keeps what decides the step's shape, ``ForwardPlan.feed`` (which span is fed and
+scored, the plan's per-block bookkeeping), and the one "is anything still masked" sync. Two
+steps with the same ``StepKey`` (batch, canvas length, fed span, cache mode, last step of a
+block or not, ...) run the same tensor program: on CUDA it is captured once as a
+``torch.cuda.CUDAGraph`` (after one eager run of that key, the warm-up: lazy initialisation
+and Triton compilation must not happen inside a capture) and replayed, so a step costs one
+graph launch instead of ~50 kernel launches per decoder layer. On the CPU the same function
+runs eagerly on the same buffers (``DiffusionSampler(graphs=True)``), which is what the
+CPU tests compare, token for token, with the ordinary loop.
+
+What a graph bakes in (it cannot change between replays): every host value in the key, and
+the host fields of ``StepState`` that are not buffers (``block``, ``block_start``,
+``block_end``, ``steps_left``, ``extras["n_masked"]``). The parts allowed here
+(``graph_support.GRAPH_SAFE``) read none of them. Anything else falls back to the eager
+loop, with the reason logged (``graph_support.unsupported``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.cache.plans import Feed, ForwardPlan
+from dllm_decode.samplers.contract import expected_rows
+from dllm_decode.samplers.graph_check import Recorder, ReplayCheck
+from dllm_decode.samplers.step import StepParts, post_forward
+
+logger = logging.getLogger("dllm_decode.graph")
+
+#: how many ``(B, L)`` buffer sets (each with its K/V cache and graphs) a sampler keeps
+MAX_SHAPES = 2
+
+
+@dataclass(frozen=True)
+class StepKey:
+    """Everything that shapes a step's tensor program (equal keys: one captured graph)."""
+
+    batch: int
+    length: int
+    gen_start: int
+    feed: Feed
+    dense: bool
+    block_end: int
+    last: bool
+    force_end: bool
+    budgeted: bool
+    timed: bool
+    stall_limit: int
+    total_steps: int
+    setting: str  # the config and the bound policy parts (their reprs)
+
+
+@dataclass
+class _Graph:
+    """One captured step: the graph, the host-side results its capture left behind (the
+    contract's flags and kept tensors), and the objects whose tensors it reads."""
+
+    graph: Any
+    guard_state: tuple[Any, ...]
+    keep: tuple[Any, ...]
+
+
+@dataclass
+class _Buffers:
+    """The static buffers of one ``(B, L)``, and the graphs captured on them."""
+
+    canvas: Tensor
+    commit_at: Tensor
+    commit_prob: Tensor
+    lengths: Tensor
+    step: Tensor  # 0-d int64: the global step index
+    progress: Tensor  # 0-d float64
+    budget: Tensor  # [B] int64
+    times: Tensor  # [2] float64 (Dream's time grid: t, s)
+    active: Tensor  # [B] bool, rows with an eligible position (NFE)
+    valid: Tensor | None = None
+    positions: Tensor | None = None
+    cache: Any = None
+    statics: dict[str, Tensor] = field(default_factory=dict)
+    graphs: dict[StepKey, _Graph] = field(default_factory=dict)
+    seen: set[StepKey] = field(default_factory=set)
+    pool: Any = None
+    broken: str | None = None
+
+
+@dataclass
+class GraphStats:
+    """Counters of a sampler's static steps (for tests and benchmarks)."""
+
+    eager: int = 0
+    captures: int = 0
+    replays: int = 0
+    capture_seconds: float = 0.0
+
+
+class StepGraphs:
+    """A sampler's static-buffer steps: buffers per ``(B, L)``, graphs per ``StepKey``.
+
+    Args:
+        capture: capture CUDA graphs (CUDA only); ``False`` runs the same step function
+            eagerly on the same buffers (the CPU path).
+        check: with ``capture=False``, check that every step could be a replay of its key's
+            capture (``samplers.graph_check``; slow, for tests).
+    """
+
+    def __init__(self, capture: bool, check: bool = False) -> None:
+        self.capture = capture
+        #: CPU only: check every run of a key against its first checked run
+        #: (``graph_check.ReplayCheck``: what a CUDA graph replay needs)
+        self.check = ReplayCheck() if check and not capture else None
+        self.stats = GraphStats()
+        self._sets: dict[tuple[Any, ...], _Buffers] = {}
+
+    def begin(self, *, model: Any, plan: ForwardPlan, parts: StepParts, memory: Any,
+              canvas: Tensor, gen_start: int, gen_length: int, total_steps: int,
+              setting: str) -> GraphRun:
+        """Bind a generation to its buffers (created on first use of ``(B, L)``): the
+        initial canvas and records are copied in, and the plan, the contract's progress
+        record and the policy memory are pointed at the static tensors."""
+        b, length = canvas.shape
+        device = canvas.device
+        key = (b, length, device, plan.mode, str(plan.cache.k.dtype) if plan.cache else "")
+        buf = self._sets.pop(key, None)
+        if buf is None:
+            while len(self._sets) >= MAX_SHAPES:  # the oldest shape goes (its cache too)
+                self._sets.pop(next(iter(self._sets)))
+            f64 = torch.float64
+            buf = _Buffers(
+                canvas=torch.empty_like(canvas),
+                commit_at=torch.empty(b, length, dtype=torch.long, device=device),
+                commit_prob=torch.empty(b, length, dtype=f64, device=device),
+                lengths=torch.empty(b, dtype=torch.long, device=device),
+                step=torch.zeros((), dtype=torch.long, device=device),
+                progress=torch.zeros((), dtype=f64, device=device),
+                budget=torch.zeros(b, dtype=torch.long, device=device),
+                times=torch.zeros(2, dtype=f64, device=device),
+                active=torch.zeros(b, dtype=torch.bool, device=device),
+                valid=plan.valid.clone(), positions=plan.positions.clone(), cache=plan.cache)
+            if self.capture:
+                buf.pool = torch.cuda.graph_pool_handle()
+        self._sets[key] = buf  # most recently used last
+        buf.canvas.copy_(canvas)
+        buf.commit_at.fill_(-1)
+        buf.commit_prob.fill_(1.0)
+        buf.lengths.fill_(gen_length)
+        buf.valid.copy_(plan.valid)
+        buf.positions.copy_(plan.positions)
+        plan.valid, plan.positions = buf.valid, buf.positions
+        if buf.cache is not None:
+            plan.cache = buf.cache
+        run = GraphRun(self, buf, model, plan, parts, memory, gen_start, total_steps, setting)
+        run.bind_state()
+        return run
+
+
+class GraphRun:
+    """One generation's use of a ``StepGraphs`` buffer set (``StepGraphs.begin``)."""
+
+    def __init__(self, owner: StepGraphs, buf: _Buffers, model: Any, plan: ForwardPlan,
+                 parts: StepParts, memory: Any, gen_start: int, total_steps: int,
+                 setting: str) -> None:
+        self.owner, self.buf, self.model, self.plan = owner, buf, model, plan
+        self.parts, self.memory = parts, memory
+        self.gen_start, self.total_steps, self.setting = gen_start, total_steps, setting
+        self.mask_id = model.mask_token_id
+        # (holder, attribute, path): tensors carried from step to step outside the buffers
+        self._slots = [(parts.guard, "_track", "guard._track")]
+        self._slots += _tensor_slots(memory, "memory")
+        self._seen: set[StepKey] = set()  # keys run in this generation
+
+    def _static_storages(self) -> set[int]:
+        """Storage addresses a replay may read and write: the buffers and the weights."""
+        buf = self.buf
+        tensors = [buf.canvas, buf.commit_at, buf.commit_prob, buf.lengths, buf.step,
+                   buf.progress, buf.budget, buf.times, buf.active, buf.valid, buf.positions,
+                   *buf.statics.values(), *self.model.parameters(), *self.model.buffers()]
+        if buf.cache is not None:
+            c = buf.cache
+            tensors += [c.k, c.v, c.kv_start, c.kv_end]
+        return {t.untyped_storage().data_ptr() for t in tensors if t is not None}
+
+    @property
+    def canvas(self) -> Tensor:
+        return self.buf.canvas
+
+    @property
+    def commit_at(self) -> Tensor:
+        return self.buf.commit_at
+
+    @property
+    def commit_prob(self) -> Tensor:
+        return self.buf.commit_prob
+
+    @property
+    def lengths(self) -> Tensor:
+        return self.buf.lengths
+
+    def bind_state(self) -> None:
+        """Point every carried tensor at its static buffer (copying its value in)."""
+        statics = self.buf.statics
+        for holder, name, path in self._slots:
+            value = getattr(holder, name)
+            static = statics.get(path)
+            if static is None or static.shape != value.shape or static.dtype != value.dtype:
+                static = statics[path] = value.clone()
+                self.buf.graphs.clear()  # graphs read the old buffer
+                self.buf.seen.clear()
+            elif value is not static:
+                static.copy_(value)
+            setattr(holder, name, static)
+
+    def _carry(self) -> None:
+        """Inside the step: carried tensors that were replaced are copied into their buffers."""
+        statics = self.buf.statics
+        for holder, name, path in self._slots:
+            value, static = getattr(holder, name), statics[path]
+            if value is static:
+                continue
+            if value.shape != static.shape or value.dtype != static.dtype:
+                raise _Unsupported(f"{path} changed shape ({tuple(static.shape)} -> "
+                                   f"{tuple(value.shape)})")
+            static.copy_(value)
+            setattr(holder, name, static)
+
+    def step(self, canvas: Tensor, commit_prob: Tensor, *, block: int, bounds: tuple[int, int],
+             aligned: int, step_in_block: int, lo: int, full_span: bool, step: int,
+             progress: float, budget: Tensor | None, times: tuple[Tensor, Tensor] | None,
+             n_masked: int, steps_left: int | None, last: bool, force_end: bool,
+             stall_limit: int) -> tuple[Tensor, Tensor, Tensor, bool]:
+        """One decode step on the buffers (replayed where captured).
+
+        Args:
+            canvas, commit_prob: the loop's current tensors (copied in if they are not the
+                buffers, e.g. after the EOS fill).
+            block, bounds, aligned, step_in_block, lo, full_span: as the loop's (block index,
+                ``(start, end)``, the aligned start, ...); ``ForwardPlan.feed`` reads them.
+            step, progress, budget ``[B]`` (or ``None``), times: written into buffers.
+            n_masked, steps_left: host values handed to ``StepState`` (baked in a graph).
+            last, force_end, stall_limit: the contract's per-step controls.
+
+        Returns: the canvas and commit_prob buffers, the ``[B]`` active rows (a copy), and
+        whether the forward was a full refresh.
+        """
+        buf = self.buf
+        bs, be = bounds
+        feed = self.plan.feed((bs, be), aligned, step_in_block, lo, full_span)
+        if canvas is not buf.canvas:
+            buf.canvas.copy_(canvas)
+        if commit_prob is not buf.commit_prob:
+            buf.commit_prob.copy_(commit_prob)
+        buf.step.fill_(step)
+        buf.progress.fill_(progress)
+        if budget is not None:
+            buf.budget.copy_(budget)
+        if times is not None:
+            buf.times.copy_(torch.stack(times))
+        self.bind_state()
+        b, length = buf.canvas.shape
+        key = StepKey(b, length, self.gen_start, feed, self.plan.dense, be, last, force_end,
+                      budget is not None, times is not None, stall_limit, self.total_steps,
+                      self.setting)
+        host = dict(block=block, bounds=bounds, n_masked=n_masked, steps_left=steps_left)
+        self._dispatch(key, host, step)
+        return buf.canvas, buf.commit_prob, buf.active.clone(), feed.refresh
+
+    def _dispatch(self, key: StepKey, host: dict[str, Any], step: int) -> None:
+        owner, buf = self.owner, self.buf
+        graph = buf.graphs.get(key)
+        if graph is not None:
+            graph.graph.replay()
+            self._restore(graph, step)
+            owner.stats.replays += 1
+            return
+        if owner.check is not None and key in self._seen:  # CPU: as a replay would run
+            self.plan._memo = {}
+            owner.check.run(key, self._static_storages(), lambda: self._body(key, host))
+            owner.stats.eager += 1
+            return
+        self._seen.add(key)
+        if not owner.capture or buf.broken or key not in buf.seen:
+            buf.seen.add(key)  # the first run of a key is the warm-up of its capture
+            self._body(key, host)
+            owner.stats.eager += 1
+            return
+        t0 = time.perf_counter()
+        try:
+            graph = self._capture(key, host)
+        except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager
+            buf.broken = f"{type(err).__name__}: {err}"
+            logger.warning("CUDA graph capture failed, this shape runs eagerly from now on: %s",
+                           buf.broken)
+            self.plan._memo = {}
+            self.bind_state()
+            self._body(key, host)
+            owner.stats.eager += 1
+            return
+        owner.stats.capture_seconds += time.perf_counter() - t0
+        owner.stats.captures += 1
+        buf.graphs[key] = graph
+        graph.graph.replay()
+        self._restore(graph, step)
+
+    def _capture(self, key: StepKey, host: dict[str, Any]) -> _Graph:
+        plan = self.plan
+        # tensors the plan memoised outside a capture would be constants of the graph (the
+        # RoPE tables and masks of the previous generation's positions): rebuilt inside it
+        plan._memo = {}
+        graph = torch.cuda.CUDAGraph()
+        # the recorder lists the outside tensors the graph reads (kept alive with it) and
+        # refuses host syncs and writes outside the buffers (``graph_check``)
+        rec = Recorder(self._static_storages())
+        with torch.cuda.graph(graph, pool=self.buf.pool), rec:
+            self._body(key, host)
+        if rec.problems:
+            raise _Unsupported(rec.problems[0])
+        guard = self.parts.guard
+        state = (guard._flags, guard._limits, guard._last_step)
+        plan._memo = {}
+        return _Graph(graph, state, (self.parts, plan, self.memory, self.model, rec.consts))
+
+    def _restore(self, graph: _Graph, step: int) -> None:
+        """After a replay: the contract's host-side view of the step (its 0-d flags and kept
+        tensors are the graph's), and the carried tensors' attributes."""
+        guard = self.parts.guard
+        flags, limits, last = graph.guard_state
+        guard._flags, guard._limits = flags, limits
+        guard._last_step = (step, *last[1:])
+        self.bind_state()
+
+    def _body(self, key: StepKey, host: dict[str, Any]) -> None:
+        """The step as a function of the buffers (what a graph captures)."""
+        buf, parts = self.buf, self.parts
+        feed = key.feed
+        canvas = buf.canvas
+        b, length = canvas.shape
+        masked = canvas == self.mask_id
+        fed = self.plan.run(canvas, feed)
+        pos = torch.arange(length, device=canvas.device)
+        in_span = (pos >= feed.lo) & (pos < feed.hi)
+        fresh = in_span[None].expand(b, -1)
+        eligible = masked & ((pos >= feed.lo) & (pos < min(feed.hi, key.block_end)))[None]
+        active = eligible.any(1)
+        budget = buf.budget if key.budgeted else None
+        expected = expected_rows(active, budget)
+        bs, be = host["bounds"]
+        force = ((pos >= bs) & (pos < be))[None].expand(b, -1) if key.force_end else None
+        info = dict(step=buf.step, block=host["block"], block_start=bs, block_end=be,
+                    gen_start=key.gen_start, steps_left=host["steps_left"],
+                    progress=buf.progress, generator=parts.maker.generator,
+                    forward_start=feed.fed_start, forward_width=feed.fed_width,
+                    times=tuple(buf.times.unbind()) if key.timed else None,
+                    memory=self.memory,
+                    extras={"n_masked": host["n_masked"], "lengths": buf.lengths,
+                            "refresh": feed.refresh, "total_steps": key.total_steps},
+                    model=None,
+                    refreshed=torch.full((b,), feed.refresh, device=canvas.device))
+        ctl = dict(n_masked=host["n_masked"], in_rows=None, expected=expected, last=key.last,
+                   stall_limit=key.stall_limit, force_end=force)
+        out = post_forward(parts, fed, fed.logits, fed.rows, None, canvas, masked, fresh,
+                           eligible, budget, buf.commit_at, buf.commit_prob, info, ctl)
+        canvas.copy_(out.canvas)
+        buf.commit_prob.copy_(out.commit_prob)
+        buf.active.copy_(active)
+        self._carry()
+
+
+class _Unsupported(RuntimeError):
+    """A step that cannot be a static tensor program (raised while capturing)."""
+
+
+def _tensor_slots(obj: Any, path: str, depth: int = 3) -> list[tuple[Any, str, str]]:
+    """``(holder, attribute, path)`` of the tensors reachable through dataclass fields of
+    ``obj`` (a policy's memory: ``PairedMemory``, ``SchEDMemory``, ...)."""
+    if obj is None or depth == 0 or not dataclasses.is_dataclass(obj):
+        return []
+    out: list[tuple[Any, str, str]] = []
+    for f in dataclasses.fields(obj):
+        value = getattr(obj, f.name)
+        if isinstance(value, Tensor):
+            out.append((obj, f.name, f"{path}.{f.name}"))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            out += _tensor_slots(value, f"{path}.{f.name}", depth - 1)
+    return out
