@@ -38,6 +38,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+import types
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -125,10 +126,19 @@ class StepGraphs:
             eagerly on the same buffers (the CPU path).
         check: with ``capture=False``, check that every step could be a replay of its key's
             capture (``samplers.graph_check``; slow, for tests).
+        compile_backend: with ``capture=False``, run the step through
+            ``torch.compile(fullgraph=True, backend=...)`` (one graph per key, no break).
     """
 
-    def __init__(self, capture: bool, check: bool = False) -> None:
+    def __init__(self, capture: bool, check: bool = False,
+                 compile_backend: str | None = None) -> None:
         self.capture = capture
+        #: CPU only: run the step through ``torch.compile(fullgraph=True)`` with this backend
+        self.compiled = None
+        if compile_backend is not None and not capture:
+            fn = types.FunctionType(_run_body.__code__.replace(), _run_body.__globals__,
+                                    "_run_body")
+            self.compiled = torch.compile(fn, fullgraph=True, backend=compile_backend)
         #: CPU only: check every run of a key against its first checked run
         #: (``graph_check.ReplayCheck``: what a CUDA graph replay needs)
         self.check = ReplayCheck() if check and not capture else None
@@ -301,6 +311,10 @@ class GraphRun:
             owner.stats.eager += 1
             return
         self._seen.add(key)
+        if owner.compiled is not None:
+            owner.compiled(self, key, host)
+            owner.stats.eager += 1
+            return
         if not owner.capture or buf.broken or key not in buf.seen:
             buf.seen.add(key)  # the first run of a key is the warm-up of its capture
             self._body(key, host)
@@ -386,6 +400,11 @@ class GraphRun:
         buf.commit_prob.copy_(out.commit_prob)
         buf.active.copy_(active)
         self._carry()
+
+
+def _run_body(run: GraphRun, key: StepKey, host: dict[str, Any]) -> None:
+    """``GraphRun._body`` as a plain function (what ``torch.compile`` compiles)."""
+    run._body(key, host)
 
 
 class _Unsupported(RuntimeError):

@@ -43,11 +43,16 @@ class Recorder(TorchDispatchMode):
 
     Args:
         static: storage addresses of the static buffers and the weights.
+        keep_made: keep the tensors made inside the step alive while recording, so that no
+            address is reused within the step (exact classification; the CPU check). A
+            capture does not (its intermediates share memory).
     """
 
-    def __init__(self, static: set[int]) -> None:
+    def __init__(self, static: set[int], keep_made: bool = False) -> None:
         super().__init__()
         self.static = static
+        self.keep_made = keep_made
+        self._alive: list[Tensor] = []
         self.made: set[int] = set()
         self.ops: list[tuple[Any, ...]] = []
         self.consts: list[Tensor] = []  # outside non-static tensors, in order of reading
@@ -60,7 +65,11 @@ class Recorder(TorchDispatchMode):
         if "_local_scalar_dense" in name:
             self.problems.append(f"host sync ({name}) inside the step")
         sig: list[Any] = []
+        fresh = "lift_fresh" in name  # a constant made in the step (``torch.tensor(x)``)
         for a in tree_leaves((args, kwargs)):
+            if fresh and isinstance(a, Tensor):
+                sig.append(("fresh", tuple(a.shape), a.dtype))
+                continue
             if not isinstance(a, Tensor):
                 sig.append(repr(a))
                 continue
@@ -83,6 +92,8 @@ class Recorder(TorchDispatchMode):
         for o in tree_leaves(out):
             if isinstance(o, Tensor) and _storage(o) not in inputs:
                 self.made.add(_storage(o))
+                if self.keep_made:
+                    self._alive.append(o)
                 sig.append(("out", tuple(o.shape), o.dtype))
         self.ops.append((name, tuple(sig)))
         return out
@@ -98,7 +109,7 @@ class ReplayCheck:
     def run(self, key: Any, static: set[int], body: Any) -> None:
         """Run ``body()`` recording its ops; raise ``ReplayMismatch`` if a graph captured on
         the key's first run would not replay this run."""
-        rec = Recorder(static)
+        rec = Recorder(static, keep_made=True)
         with rec:
             body()
         if rec.problems:
