@@ -204,6 +204,35 @@ def test_static_step_compiles_fullgraph_on_cpu(backend: str) -> None:
         _same(ref, s.generate(prompt))
 
 
+def test_bench_gpu_smoke_and_refusal(tmp_path: Any) -> None:
+    """``benchmarks/bench_gpu.py --smoke``: rows in the benchmark schema with the device in
+    each; without CUDA the full grid refuses with exit status 2."""
+    import csv
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    from dllm_decode.bench import HEADER
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "bench_gpu.py"
+    spec = importlib.util.spec_from_file_location("bench_gpu", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules["bench_gpu"] = bench  # its dataclasses look their module up
+    try:
+        spec.loader.exec_module(bench)
+    finally:
+        del sys.modules["bench_gpu"]
+    out = tmp_path / "gpu.csv"
+    assert bench.main(["--smoke", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert list(rows[0]) == HEADER and all(r["device"] for r in rows)
+    metrics = {(r["cache"], r["provider"], r["metric"]) for r in rows}
+    assert ("dual", "eager", "ms_per_refresh") in metrics
+    assert {("none", p, "tokens_per_s") for p in ("eager", "static", "graphs")} & metrics
+    if not torch.cuda.is_available():
+        assert bench.main(["--out", str(out)]) == 2
+
+
 # ---- CUDA: real graphs ----------------------------------------------------------------------
 
 
