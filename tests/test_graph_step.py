@@ -109,6 +109,25 @@ def test_static_step_left_padding_and_four_tokens_per_step(cache: str) -> None:
              gen_length=32, block_length=16, steps=8)
 
 
+@pytest.mark.parametrize("name, cache, keys, relative", [("tiny-llada", "dual", 6, 2),
+                                                          ("tiny-sdar", "block_causal", 13, 4)])
+def test_cached_steps_share_one_key_across_blocks(name: str, cache: str, keys: int,
+                                                  relative: int) -> None:
+    """Cached steps of one block width are position-free (the span's origin is a buffer):
+    every block replays the same step graphs; what stays per block is the refresh (dual:
+    scored rows ``[P, block end)``) or the block's first forward (block-causal: it also feeds
+    the previous block)."""
+    model = _model(name)
+    kw = dict(gen_length=32, steps=32) | ({"block_length": 8} if cache == "dual" else {})
+    s = _compare(model, "low_confidence", cache, _prompts(model), **kw)
+    (buf,) = s.step_graphs._sets.values()
+    # dual: 4 refreshes + one step + one last step; block-causal (prompt 9, blocks of 4): a
+    # first forward per block (a partial one, 7 whole, the canvas end's), then a step and a
+    # last step for the partial block and for every whole one
+    assert len(buf.seen) == keys
+    assert sum(k.relative for k in buf.seen) == relative
+
+
 def test_static_step_reuses_buffers_and_keeps_results() -> None:
     """One buffer set (K/V cache included) serves both generations; results own their
     tensors (the next generation does not overwrite them)."""

@@ -45,7 +45,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import Feed, ForwardPlan
+from dllm_decode.cache.plans import Fed, Feed, ForwardPlan
 from dllm_decode.samplers.contract import expected_rows
 from dllm_decode.samplers.graph_check import Recorder, ReplayCheck
 from dllm_decode.samplers.step import StepParts, post_forward
@@ -58,14 +58,19 @@ MAX_SHAPES = 2
 
 @dataclass(frozen=True)
 class StepKey:
-    """Everything that shapes a step's tensor program (equal keys: one captured graph)."""
+    """Everything that shapes a step's tensor program (equal keys: one captured graph).
+
+    A cached step that feeds one block (``dual``, and ``block_causal`` after a block's first
+    step) is position-free: its canvas positions are ``origin + offset`` with ``origin`` a
+    buffer, so every block of a generation replays one graph (``relative``)."""
 
     batch: int
     length: int
     gen_start: int
-    feed: Feed
+    feed: Feed  # relative to the buffer ``origin`` when ``relative``
+    relative: bool
     dense: bool
-    block_end: int
+    bounds: tuple[int, int]  # the block, relative like ``feed``
     last: bool
     force_end: bool
     budgeted: bool
@@ -98,6 +103,8 @@ class _Buffers:
     budget: Tensor  # [B] int64
     times: Tensor  # [2] float64 (Dream's time grid: t, s)
     active: Tensor  # [B] bool, rows with an eligible position (NFE)
+    origin: Tensor  # 0-d int64: the canvas position of a relative step's fed span
+    key_end: Tensor  # 0-d int64: block-causal keys visible to a relative step (< key_end)
     valid: Tensor | None = None
     positions: Tensor | None = None
     cache: Any = None
@@ -169,6 +176,8 @@ class StepGraphs:
                 budget=torch.zeros(b, dtype=torch.long, device=device),
                 times=torch.zeros(2, dtype=f64, device=device),
                 active=torch.zeros(b, dtype=torch.bool, device=device),
+                origin=torch.zeros((), dtype=torch.long, device=device),
+                key_end=torch.zeros((), dtype=torch.long, device=device),
                 valid=plan.valid.clone(), positions=plan.positions.clone(), cache=plan.cache)
             if self.capture:
                 buf.pool = torch.cuda.graph_pool_handle()
@@ -206,7 +215,8 @@ class GraphRun:
         """Storage addresses a replay may read and write: the buffers and the weights."""
         buf = self.buf
         tensors = [buf.canvas, buf.commit_at, buf.commit_prob, buf.lengths, buf.step,
-                   buf.progress, buf.budget, buf.times, buf.active, buf.valid, buf.positions,
+                   buf.progress, buf.budget, buf.times, buf.active, buf.origin, buf.key_end,
+                   buf.valid, buf.positions,
                    *buf.statics.values(), *self.model.parameters(), *self.model.buffers()]
         if buf.cache is not None:
             c = buf.cache
@@ -290,10 +300,20 @@ class GraphRun:
             buf.times.copy_(torch.stack(times))
         self.bind_state()
         b, length = buf.canvas.shape
-        key = StepKey(b, length, self.gen_start, feed, self.plan.dense, be, last, force_end,
-                      budget is not None, times is not None, stall_limit, self.total_steps,
-                      self.setting)
+        rel = self._relative(feed)
+        o = feed.start if rel else 0
+        if rel:
+            buf.origin.fill_(o)
+            size = getattr(self.model, "block_size", None)
+            if self.model.attention == "block_causal":
+                buf.key_end.fill_((feed.start // size + 1) * size)
+            feed = dataclasses.replace(feed, start=0, end=feed.end - o, lo=feed.lo - o,
+                                       hi=feed.hi - o, fed_start=feed.fed_start - o)
+        key = StepKey(b, length, self.gen_start, feed, rel, self.plan.dense, (bs - o, be - o),
+                      last, force_end, budget is not None, times is not None, stall_limit,
+                      self.total_steps, self.setting)
         host = dict(block=block, bounds=bounds, n_masked=n_masked, steps_left=steps_left)
+        # (``host``: values a graph bakes in; no allowed part reads them, see the module doc)
         self._dispatch(key, host, step)
         return buf.canvas, buf.commit_prob, buf.active.clone(), feed.refresh
 
@@ -365,6 +385,39 @@ class GraphRun:
         guard._last_step = (step, *last[1:])
         self.bind_state()
 
+    def _relative(self, feed: Feed) -> bool:
+        """Whether ``feed`` runs position-free: a cached forward of one block (not the full
+        canvas; block-causal: inside one block of the model, no causal prefix)."""
+        plan = self.plan
+        if not feed.use_cache or (feed.start, feed.end) == (0, plan.length):
+            return False
+        if plan.model.attention == "block_causal":
+            size = plan.model.block_size
+            return feed.start // size == (feed.end - 1) // size and not plan.causal_prefix
+        return True
+
+    def _forward_at(self, canvas: Tensor, feed: Feed) -> Fed:
+        """``ForwardPlan.run`` of a relative feed: the span ``origin + [0, end)`` gathered by
+        index, the keys from the validity buffer (block-causal: ``< key_end``)."""
+        plan, model, buf = self.plan, self.model, self.buf
+        device = canvas.device
+        idx = buf.origin + torch.arange(feed.end, device=device)  # [N] canvas positions
+        tokens = canvas.index_select(1, idx)
+        pos = plan.positions.index_select(1, idx)
+        mask = None if plan.dense else plan.valid
+        if model.attention == "block_causal":
+            keys = torch.arange(plan.length, device=device)
+            mask = plan.valid & (keys < buf.key_end)[None]
+        rows = None if (feed.lo, feed.hi) == (0, feed.end) else \
+            torch.arange(feed.lo, feed.hi, device=device)
+        tables = getattr(model, "rope_tables", None)
+        rope = {} if tables is None else {"rope": tables(pos)}
+        logits = model(tokens, pos, cache=plan.cache, slots=idx[None].expand_as(pos), mask=mask,
+                       store=True, hidden_rows=rows, **rope)
+        at = buf.origin + torch.arange(feed.lo, feed.hi, device=device)
+        return Fed(logits, at, feed.fed_start, feed.fed_width, refresh=feed.refresh,
+                   double_draw=feed.double_draw)
+
     def _body(self, key: StepKey, host: dict[str, Any]) -> None:
         """The step as a function of the buffers (what a graph captures)."""
         buf, parts = self.buf, self.parts
@@ -372,17 +425,22 @@ class GraphRun:
         canvas = buf.canvas
         b, length = canvas.shape
         masked = canvas == self.mask_id
-        fed = self.plan.run(canvas, feed)
         pos = torch.arange(length, device=canvas.device)
+        if key.relative:  # positions relative to the fed span's origin
+            fed = self._forward_at(canvas, feed)
+            pos = pos - buf.origin
+        else:
+            fed = self.plan.run(canvas, feed)
         in_span = (pos >= feed.lo) & (pos < feed.hi)
         fresh = in_span[None].expand(b, -1)
-        eligible = masked & ((pos >= feed.lo) & (pos < min(feed.hi, key.block_end)))[None]
+        bs, be = key.bounds
+        eligible = masked & ((pos >= feed.lo) & (pos < min(feed.hi, be)))[None]
         active = eligible.any(1)
         budget = buf.budget if key.budgeted else None
         expected = expected_rows(active, budget)
-        bs, be = host["bounds"]
         force = ((pos >= bs) & (pos < be))[None].expand(b, -1) if key.force_end else None
-        info = dict(step=buf.step, block=host["block"], block_start=bs, block_end=be,
+        info = dict(step=buf.step, block=host["block"], block_start=host["bounds"][0],
+                    block_end=host["bounds"][1],
                     gen_start=key.gen_start, steps_left=host["steps_left"],
                     progress=buf.progress, generator=parts.maker.generator,
                     forward_start=feed.fed_start, forward_width=feed.fed_width,
