@@ -223,6 +223,42 @@ def test_static_step_compiles_fullgraph_on_cpu(backend: str) -> None:
         _same(ref, s.generate(prompt))
 
 
+_INSPECT: list[Any] = []  # the current inspecting backend (registered once, below)
+
+
+def _inspect_backend(gm: Any, inputs: Any) -> Any:
+    return _INSPECT[0](gm, inputs)
+
+
+@pytest.mark.parametrize("preset", ["low_confidence", "threshold"])
+def test_compiled_post_forward_mutates_no_input(preset: str) -> None:
+    """``compile=True``: the compiled step edits no input in place (the mask column of the
+    logits and the commit record are new tensors under ``torch.compile``); a mutated input
+    makes Inductor skip CUDA graphs (issue 33). Checked on the Dynamo graph itself."""
+    import torch._dynamo
+
+    mutated: list[tuple[str, str]] = []
+
+    def inspect(gm: Any, inputs: Any) -> Any:
+        for node in gm.graph.nodes:
+            if node.op == "call_method" and node.target.endswith("_") and node.args and \
+                    getattr(node.args[0], "op", "") == "placeholder":
+                mutated.append((node.target, node.args[0].name))
+        return gm
+
+    _INSPECT[:] = [inspect]
+    model = _model("tiny-llada")
+    prompt = _prompts(model, b=1)[0]
+    kw = dict(gen_length=8, block_length=8) | ({} if preset == "threshold" else {"steps": 8})
+    ref = DiffusionSampler(model, preset, "dual", **kw).generate(prompt)
+    torch._dynamo.reset()
+    if "graph33_inspect" not in torch._dynamo.list_backends(exclude_tags=()):
+        torch._dynamo.register_backend(name="graph33_inspect")(_inspect_backend)
+    out = DiffusionSampler(model, preset, "dual", compile="graph33_inspect", **kw)
+    _same(ref, out.generate(prompt))
+    assert mutated == []
+
+
 def test_bench_gpu_smoke_and_refusal(tmp_path: Any) -> None:
     """``benchmarks/bench_gpu.py --smoke``: rows in the benchmark schema with the device in
     each; without CUDA the full grid refuses with exit status 2."""

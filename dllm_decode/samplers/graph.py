@@ -456,6 +456,8 @@ class GraphRun:
                            eligible, budget, buf.commit_at, buf.commit_prob, info, ctl)
         canvas.copy_(out.canvas)
         buf.commit_prob.copy_(out.commit_prob)
+        if out.commit_at is not buf.commit_at:  # a new tensor under torch.compile
+            buf.commit_at.copy_(out.commit_at)
         buf.active.copy_(active)
         self._carry()
 

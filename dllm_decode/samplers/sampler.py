@@ -357,6 +357,7 @@ class DiffusionSampler:
                                    eligible, budget, commit_at, commit_prob, info, ctl)
                     state, commit, canvas, commit_prob = out.state, out.commit, out.canvas, \
                         out.commit_prob
+                    commit_at = out.commit_at  # a new tensor under compile
                     forwards += step_model.calls
                     if self.debug:
                         check_commit(state, out.selected,

@@ -50,13 +50,15 @@ class StepParts:
 class StepOut:
     """``post_forward``'s result: the new canvas ``[B, L]``, the commit mask ``[B, L]`` (with
     the stopper's greedy commits), the selector's own mask ``selected [B, L]``, the updated
-    ``commit_prob [B, L]`` and the step's ``StepState``."""
+    ``commit_prob [B, L]``, the step's ``StepState`` and ``commit_at [B, L]`` (the argument,
+    written in place; a new tensor under ``torch.compile``)."""
 
     canvas: Tensor
     commit: Tensor
     selected: Tensor
     commit_prob: Tensor
     state: StepState
+    commit_at: Tensor
 
 
 def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live: Tensor | None,
@@ -74,7 +76,9 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
         rows, live: the scored canvas positions ``[R]`` / ``[B, R]`` and their live flags.
         canvas, masked, fresh, eligible: ``[B, L]`` this step's tensors.
         budget: ``[B]`` int64 scheduled commits or ``None``.
-        commit_at: ``[B, L]`` int64 step of each commit (-1: none), written in place.
+        commit_at: ``[B, L]`` int64 step of each commit (-1: none), written in place (under
+            ``torch.compile`` a new tensor is returned instead: a compiled step mutates none
+            of its inputs, which would make Inductor skip CUDA graphs).
         commit_prob: ``[B, L]`` float64 probability each position was committed with.
         info: the remaining ``StepState`` fields (``step``, ``block``, ... ``model``).
         ctl: ``n_masked`` (int, masked positions of the batch), ``in_rows`` (int masked
@@ -127,9 +131,12 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
             tokens = torch.where(greedy & ~commit, full_prop.argmax, tokens)
         commit = commit | greedy
     canvas = torch.where(commit, tokens, canvas)
-    commit_at.masked_fill_(commit, info["step"])
+    if torch.compiler.is_compiling():
+        commit_at = torch.where(commit, info["step"], commit_at)
+    else:
+        commit_at.masked_fill_(commit, info["step"])
     commit_prob = torch.where(commit, prob, commit_prob)
-    return StepOut(canvas, commit, selected, commit_prob, state)
+    return StepOut(canvas, commit, selected, commit_prob, state, commit_at)
 
 
 def compile_step(device: torch.device, backend: str = "inductor") -> Any:
