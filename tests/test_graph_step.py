@@ -100,13 +100,14 @@ def test_static_step_matches_eager(name: str, cache: str, preset: str) -> None:
 
 @pytest.mark.parametrize("cache", ["none", "dual"])
 def test_static_step_left_padding_and_four_tokens_per_step(cache: str) -> None:
-    """Ragged prompts (key masks from the validity buffer) at 4 tokens per step, batch 3."""
+    """Ragged prompts (key masks from the validity buffer) at 4 tokens per step, batch 3,
+    with the EOS fill between steps (a new canvas, copied into the buffer)."""
     model = _model("tiny-llada")
     rows = [torch.arange(5, 11), torch.arange(11, 14), torch.arange(14, 18)]
     prompt, mask = left_pad_rows(rows, model.spec.pad_token_id)
     other, other_mask = left_pad_rows([r + 20 for r in rows[::-1]], model.spec.pad_token_id)
     _compare(model, "low_confidence", cache, [prompt, other], [mask, other_mask],
-             gen_length=32, block_length=16, steps=8)
+             gen_length=32, block_length=16, steps=8, stop_at_eos=True)
 
 
 @pytest.mark.parametrize("name, cache, keys, relative", [("tiny-llada", "dual", 6, 2),

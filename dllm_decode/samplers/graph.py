@@ -39,45 +39,27 @@ import dataclasses
 import logging
 import time
 import types
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import Fed, Feed, ForwardPlan
-from dllm_decode.samplers.contract import expected_rows
+from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.samplers.graph_check import Recorder, ReplayCheck
-from dllm_decode.samplers.step import StepParts, post_forward
+from dllm_decode.samplers.static_step import (
+    Buffers,
+    StepKey,
+    relative,
+    static_step,
+    tensor_slots,
+)
+from dllm_decode.samplers.step import StepParts
 
 logger = logging.getLogger("dllm_decode.graph")
 
 #: how many ``(B, L)`` buffer sets (each with its K/V cache and graphs) a sampler keeps
 MAX_SHAPES = 2
-
-
-@dataclass(frozen=True)
-class StepKey:
-    """Everything that shapes a step's tensor program (equal keys: one captured graph).
-
-    A cached step that feeds one block (``dual``, and ``block_causal`` after a block's first
-    step) is position-free: its canvas positions are ``origin + offset`` with ``origin`` a
-    buffer, so every block of a generation replays one graph (``relative``)."""
-
-    batch: int
-    length: int
-    gen_start: int
-    feed: Feed  # relative to the buffer ``origin`` when ``relative``
-    relative: bool
-    dense: bool
-    bounds: tuple[int, int]  # the block, relative like ``feed``
-    last: bool
-    force_end: bool
-    budgeted: bool
-    timed: bool
-    stall_limit: int
-    total_steps: int
-    setting: str  # the config and the bound policy parts (their reprs)
 
 
 @dataclass
@@ -88,31 +70,6 @@ class _Graph:
     graph: Any
     guard_state: tuple[Any, ...]
     keep: tuple[Any, ...]
-
-
-@dataclass
-class _Buffers:
-    """The static buffers of one ``(B, L)``, and the graphs captured on them."""
-
-    canvas: Tensor
-    commit_at: Tensor
-    commit_prob: Tensor
-    lengths: Tensor
-    step: Tensor  # 0-d int64: the global step index
-    progress: Tensor  # 0-d float64
-    budget: Tensor  # [B] int64
-    times: Tensor  # [2] float64 (Dream's time grid: t, s)
-    active: Tensor  # [B] bool, rows with an eligible position (NFE)
-    origin: Tensor  # 0-d int64: the canvas position of a relative step's fed span
-    key_end: Tensor  # 0-d int64: block-causal keys visible to a relative step (< key_end)
-    valid: Tensor | None = None
-    positions: Tensor | None = None
-    cache: Any = None
-    statics: dict[str, Tensor] = field(default_factory=dict)
-    graphs: dict[StepKey, _Graph] = field(default_factory=dict)
-    seen: set[StepKey] = field(default_factory=set)
-    pool: Any = None
-    broken: str | None = None
 
 
 @dataclass
@@ -143,14 +100,14 @@ class StepGraphs:
         #: CPU only: run the step through ``torch.compile(fullgraph=True)`` with this backend
         self.compiled = None
         if compile_backend is not None and not capture:
-            fn = types.FunctionType(_run_body.__code__.replace(), _run_body.__globals__,
-                                    "_run_body")
+            fn = types.FunctionType(static_step.__code__.replace(), static_step.__globals__,
+                                    "static_step")
             self.compiled = torch.compile(fn, fullgraph=True, backend=compile_backend)
         #: CPU only: check every run of a key against its first checked run
         #: (``graph_check.ReplayCheck``: what a CUDA graph replay needs)
         self.check = ReplayCheck() if check and not capture else None
         self.stats = GraphStats()
-        self._sets: dict[tuple[Any, ...], _Buffers] = {}
+        self._sets: dict[tuple[Any, ...], Buffers] = {}
 
     def begin(self, *, model: Any, plan: ForwardPlan, parts: StepParts, memory: Any,
               canvas: Tensor, gen_start: int, gen_length: int, total_steps: int,
@@ -166,7 +123,7 @@ class StepGraphs:
             while len(self._sets) >= MAX_SHAPES:  # the oldest shape goes (its cache too)
                 self._sets.pop(next(iter(self._sets)))
             f64 = torch.float64
-            buf = _Buffers(
+            buf = Buffers(
                 canvas=torch.empty_like(canvas),
                 commit_at=torch.empty(b, length, dtype=torch.long, device=device),
                 commit_prob=torch.empty(b, length, dtype=f64, device=device),
@@ -199,7 +156,7 @@ class StepGraphs:
 class GraphRun:
     """One generation's use of a ``StepGraphs`` buffer set (``StepGraphs.begin``)."""
 
-    def __init__(self, owner: StepGraphs, buf: _Buffers, model: Any, plan: ForwardPlan,
+    def __init__(self, owner: StepGraphs, buf: Buffers, model: Any, plan: ForwardPlan,
                  parts: StepParts, memory: Any, gen_start: int, total_steps: int,
                  setting: str) -> None:
         self.owner, self.buf, self.model, self.plan = owner, buf, model, plan
@@ -208,7 +165,7 @@ class GraphRun:
         self.mask_id = model.mask_token_id
         # (holder, attribute, path): tensors carried from step to step outside the buffers
         self._slots = [(parts.guard, "_track", "guard._track")]
-        self._slots += _tensor_slots(memory, "memory")
+        self._slots += tensor_slots(memory, "memory")
         self._seen: set[StepKey] = set()  # keys run in this generation
 
     def _static_storages(self) -> set[int]:
@@ -253,7 +210,7 @@ class GraphRun:
                 static.copy_(value)
             setattr(holder, name, static)
 
-    def _carry(self) -> None:
+    def carry(self) -> None:
         """Inside the step: carried tensors that were replaced are copied into their buffers."""
         statics = self.buf.statics
         for holder, name, path in self._slots:
@@ -300,7 +257,7 @@ class GraphRun:
             buf.times.copy_(torch.stack(times))
         self.bind_state()
         b, length = buf.canvas.shape
-        rel = self._relative(feed)
+        rel = relative(self.plan, feed)
         o = feed.start if rel else 0
         if rel:
             buf.origin.fill_(o)
@@ -327,7 +284,7 @@ class GraphRun:
             return
         if owner.check is not None and key in self._seen:  # CPU: as a replay would run
             self.plan._memo = {}
-            owner.check.run(key, self._static_storages(), lambda: self._body(key, host))
+            owner.check.run(key, self._static_storages(), lambda: static_step(self, key, host))
             owner.stats.eager += 1
             return
         self._seen.add(key)
@@ -337,7 +294,7 @@ class GraphRun:
             return
         if not owner.capture or buf.broken or key not in buf.seen:
             buf.seen.add(key)  # the first run of a key is the warm-up of its capture
-            self._body(key, host)
+            static_step(self, key, host)
             owner.stats.eager += 1
             return
         t0 = time.perf_counter()
@@ -349,7 +306,7 @@ class GraphRun:
                            buf.broken)
             self.plan._memo = {}
             self.bind_state()
-            self._body(key, host)
+            static_step(self, key, host)
             owner.stats.eager += 1
             return
         owner.stats.capture_seconds += time.perf_counter() - t0
@@ -368,7 +325,7 @@ class GraphRun:
         # refuses host syncs and writes outside the buffers (``graph_check``)
         rec = Recorder(self._static_storages())
         with torch.cuda.graph(graph, pool=self.buf.pool), rec:
-            self._body(key, host)
+            static_step(self, key, host)
         if rec.problems:
             raise _Unsupported(rec.problems[0])
         guard = self.parts.guard
@@ -385,102 +342,7 @@ class GraphRun:
         guard._last_step = (step, *last[1:])
         self.bind_state()
 
-    def _relative(self, feed: Feed) -> bool:
-        """Whether ``feed`` runs position-free: a cached forward of one block (not the full
-        canvas; block-causal: inside one block of the model, no causal prefix)."""
-        plan = self.plan
-        if not feed.use_cache or (feed.start, feed.end) == (0, plan.length):
-            return False
-        if plan.model.attention == "block_causal":
-            size = plan.model.block_size
-            return feed.start // size == (feed.end - 1) // size and not plan.causal_prefix
-        return True
-
-    def _forward_at(self, canvas: Tensor, feed: Feed) -> Fed:
-        """``ForwardPlan.run`` of a relative feed: the span ``origin + [0, end)`` gathered by
-        index, the keys from the validity buffer (block-causal: ``< key_end``)."""
-        plan, model, buf = self.plan, self.model, self.buf
-        device = canvas.device
-        idx = buf.origin + torch.arange(feed.end, device=device)  # [N] canvas positions
-        tokens = canvas.index_select(1, idx)
-        pos = plan.positions.index_select(1, idx)
-        mask = None if plan.dense else plan.valid
-        if model.attention == "block_causal":
-            keys = torch.arange(plan.length, device=device)
-            mask = plan.valid & (keys < buf.key_end)[None]
-        rows = None if (feed.lo, feed.hi) == (0, feed.end) else \
-            torch.arange(feed.lo, feed.hi, device=device)
-        tables = getattr(model, "rope_tables", None)
-        rope = {} if tables is None else {"rope": tables(pos)}
-        logits = model(tokens, pos, cache=plan.cache, slots=idx[None].expand_as(pos), mask=mask,
-                       store=True, hidden_rows=rows, **rope)
-        at = buf.origin + torch.arange(feed.lo, feed.hi, device=device)
-        return Fed(logits, at, feed.fed_start, feed.fed_width, refresh=feed.refresh,
-                   double_draw=feed.double_draw)
-
-    def _body(self, key: StepKey, host: dict[str, Any]) -> None:
-        """The step as a function of the buffers (what a graph captures)."""
-        buf, parts = self.buf, self.parts
-        feed = key.feed
-        canvas = buf.canvas
-        b, length = canvas.shape
-        masked = canvas == self.mask_id
-        pos = torch.arange(length, device=canvas.device)
-        if key.relative:  # positions relative to the fed span's origin
-            fed = self._forward_at(canvas, feed)
-            pos = pos - buf.origin
-        else:
-            fed = self.plan.run(canvas, feed)
-        in_span = (pos >= feed.lo) & (pos < feed.hi)
-        fresh = in_span[None].expand(b, -1)
-        bs, be = key.bounds
-        eligible = masked & ((pos >= feed.lo) & (pos < min(feed.hi, be)))[None]
-        active = eligible.any(1)
-        budget = buf.budget if key.budgeted else None
-        expected = expected_rows(active, budget)
-        force = ((pos >= bs) & (pos < be))[None].expand(b, -1) if key.force_end else None
-        info = dict(step=buf.step, block=host["block"], block_start=host["bounds"][0],
-                    block_end=host["bounds"][1],
-                    gen_start=key.gen_start, steps_left=host["steps_left"],
-                    progress=buf.progress, generator=parts.maker.generator,
-                    forward_start=feed.fed_start, forward_width=feed.fed_width,
-                    times=tuple(buf.times.unbind()) if key.timed else None,
-                    memory=self.memory,
-                    extras={"n_masked": host["n_masked"], "lengths": buf.lengths,
-                            "refresh": feed.refresh, "total_steps": key.total_steps},
-                    model=None,
-                    refreshed=torch.full((b,), feed.refresh, device=canvas.device))
-        ctl = dict(n_masked=host["n_masked"], in_rows=None, expected=expected, last=key.last,
-                   stall_limit=key.stall_limit, force_end=force)
-        out = post_forward(parts, fed, fed.logits, fed.rows, None, canvas, masked, fresh,
-                           eligible, budget, buf.commit_at, buf.commit_prob, info, ctl)
-        canvas.copy_(out.canvas)
-        buf.commit_prob.copy_(out.commit_prob)
-        if out.commit_at is not buf.commit_at:  # a new tensor under torch.compile
-            buf.commit_at.copy_(out.commit_at)
-        buf.active.copy_(active)
-        self._carry()
-
-
-def _run_body(run: GraphRun, key: StepKey, host: dict[str, Any]) -> None:
-    """``GraphRun._body`` as a plain function (what ``torch.compile`` compiles)."""
-    run._body(key, host)
-
-
 class _Unsupported(RuntimeError):
     """A step that cannot be a static tensor program (raised while capturing)."""
 
 
-def _tensor_slots(obj: Any, path: str, depth: int = 3) -> list[tuple[Any, str, str]]:
-    """``(holder, attribute, path)`` of the tensors reachable through dataclass fields of
-    ``obj`` (a policy's memory: ``PairedMemory``, ``SchEDMemory``, ...)."""
-    if obj is None or depth == 0 or not dataclasses.is_dataclass(obj):
-        return []
-    out: list[tuple[Any, str, str]] = []
-    for f in dataclasses.fields(obj):
-        value = getattr(obj, f.name)
-        if isinstance(value, Tensor):
-            out.append((obj, f.name, f"{path}.{f.name}"))
-        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-            out += _tensor_slots(value, f"{path}.{f.name}", depth - 1)
-    return out
