@@ -313,8 +313,9 @@ def test_graph_replay_matches_eager_on_cuda(preset: str, cache: str, dtype: Any)
         assert s.graph_reason is None
         _same(ref, out)
         captures.append(s.step_graphs.stats.captures)
-    stats = s.step_graphs.stats
-    assert stats.replays > 0 and captures[2] == captures[1]  # the third generation only replays
+    assert s.step_graphs.stats.replays > 0
+    if "steps" in PRESETS[preset]:  # scheduled: the same keys every generation, so the
+        assert captures[2] == captures[1]  # third generation only replays
 
 
 @pytest.mark.gpu
