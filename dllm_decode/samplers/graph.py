@@ -107,6 +107,7 @@ class StepGraphs:
         #: (``graph_check.ReplayCheck``: what a CUDA graph replay needs)
         self.check = ReplayCheck() if check and not capture else None
         self.stats = GraphStats()
+        self.device: str | None = None  # the device type of its buffers (first ``begin``)
         self._sets: dict[tuple[Any, ...], Buffers] = {}
 
     def begin(self, *, model: Any, plan: ForwardPlan, parts: StepParts, memory: Any,
@@ -117,6 +118,7 @@ class StepGraphs:
         record and the policy memory are pointed at the static tensors."""
         b, length = canvas.shape
         device = canvas.device
+        self.device = device.type
         key = (b, length, device, plan.mode, str(plan.cache.k.dtype) if plan.cache else "")
         buf = self._sets.pop(key, None)
         if buf is None:

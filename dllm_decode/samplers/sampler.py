@@ -404,8 +404,8 @@ class DiffusionSampler:
             log("policy %r, cache %r: steps run eagerly (no CUDA graphs): %s",
                 self.policy.name, cfg.cache.value, why)
             return None
-        if self.step_graphs is None or self.step_graphs.capture != cuda:
-            self.step_graphs = StepGraphs(capture=cuda)
+        if self.step_graphs is None or self.step_graphs.device not in (None, canvas.device.type):
+            self.step_graphs = StepGraphs(capture=cuda)  # (one per device type)
         setting = repr((replace(cfg, seed=None), bound))
         return self.step_graphs.begin(model=self.model, plan=plan, parts=parts, memory=memory,
                                       canvas=canvas, gen_start=p, gen_length=cfg.gen_length,
