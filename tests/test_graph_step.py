@@ -129,9 +129,9 @@ def test_cached_steps_share_one_key_across_blocks(name: str, cache: str, keys: i
     assert sum(k.relative for k in buf.seen) == relative
 
 
-def test_static_step_reuses_buffers_and_keeps_results() -> None:
-    """One buffer set (K/V cache included) serves both generations; results own their
-    tensors (the next generation does not overwrite them)."""
+def test_static_step_reuses_buffers_and_keeps_results(monkeypatch: pytest.MonkeyPatch) -> None:
+    """One buffer set (K/V cache included: the second plan allocates none) serves both
+    generations; results own their tensors (the next generation does not overwrite them)."""
     model = _model("tiny-llada")
     a, b = _prompts(model)
     s = DiffusionSampler(model, "low_confidence", "dual", graphs=True, gen_length=16,
@@ -140,6 +140,7 @@ def test_static_step_reuses_buffers_and_keeps_results() -> None:
     kept = first.tokens.clone()
     (buf,) = s.step_graphs._sets.values()
     cache = buf.cache
+    monkeypatch.setattr(model, "new_cache", lambda *a: pytest.fail("a second K/V cache"))
     s.generate(b)
     assert torch.equal(first.tokens, kept)
     assert list(s.step_graphs._sets.values()) == [buf] and buf.cache is cache

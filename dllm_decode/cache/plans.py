@@ -115,10 +115,13 @@ class ForwardPlan:
         refresh_every: ``prefix``/``dual``: also refresh every R steps inside a block.
         causal_prefix: block-diffusion models: queries left of the current block attend
             causally (see the module docstring).
+        cache: a ``BlockKVCache`` of this batch and length to reuse (its content is
+            overwritten; ``None``: a new one, ``model.new_cache``).
     """
 
     def __init__(self, model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
-                 refresh_every: int | None = None, *, causal_prefix: bool = False) -> None:
+                 refresh_every: int | None = None, *, causal_prefix: bool = False,
+                 cache: BlockKVCache | None = None) -> None:
         if mode is CacheMode.BLOCK_CAUSAL and model.attention != "block_causal":
             raise ValueError("cache='block_causal' needs a block-diffusion model; this model's "
                              f"attention is {model.attention!r} (use none, prefix or dual)")
@@ -136,7 +139,8 @@ class ForwardPlan:
         self.length = valid.shape[1]
         self.cache: BlockKVCache | None = None
         if mode is not CacheMode.NONE:
-            self.cache = model.new_cache(valid.shape[0], self.length)
+            self.cache = cache if cache is not None and (cache.batch_size, cache.max_len) == (
+                valid.shape[0], self.length) else model.new_cache(valid.shape[0], self.length)
         self.clean_upto = 0  # block_causal: K/V of [0, clean_upto) are final
         # no padding and nothing truncated: bidirectional forwards need no mask (SDPA's fast
         # path). One host read here, before the step loop; ``restrict`` clears it.
@@ -359,8 +363,9 @@ class ForwardPlan:
 
 
 def make_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
-              cfg: Any, family: str = "") -> ForwardPlan:
-    """The plan for ``mode`` built from a ``SamplerConfig`` (window sizes, refresh, prefix)."""
+              cfg: Any, family: str = "", cache: BlockKVCache | None = None) -> ForwardPlan:
+    """The plan for ``mode`` built from a ``SamplerConfig`` (window sizes, refresh, prefix);
+    ``cache``: a K/V cache to reuse (``ForwardPlan``; not for ``window``)."""
     causal = bool(cfg.causal_prefix)
     if mode is CacheMode.WINDOW:
         from dllm_decode.cache.window import WindowPlan
@@ -374,4 +379,5 @@ def make_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Ten
             truncate=dream if cfg.window_truncate is None else cfg.window_truncate,
             mirror=cfg.cfg_scale > 0,
         )
-    return ForwardPlan(model, mode, valid, positions, cfg.refresh_every, causal_prefix=causal)
+    return ForwardPlan(model, mode, valid, positions, cfg.refresh_every, causal_prefix=causal,
+                       cache=cache)

@@ -110,6 +110,13 @@ class StepGraphs:
         self.device: str | None = None  # the device type of its buffers (first ``begin``)
         self._sets: dict[tuple[Any, ...], Buffers] = {}
 
+    def cache_for(self, mode: Any, shape: tuple[int, ...], device: torch.device) -> Any:
+        """The K/V cache of the buffer set for ``mode`` and ``[B, L]`` ``shape`` on
+        ``device`` (``None``: none yet), for the next generation's plan to reuse instead of
+        allocating its own (``begin`` would swap it in anyway)."""
+        buf = self._sets.get((*shape, torch.device(device), mode))
+        return None if buf is None else buf.cache
+
     def begin(self, *, model: Any, plan: ForwardPlan, parts: StepParts, memory: Any,
               canvas: Tensor, gen_start: int, gen_length: int, total_steps: int,
               setting: str) -> GraphRun:
@@ -119,8 +126,11 @@ class StepGraphs:
         b, length = canvas.shape
         device = canvas.device
         self.device = device.type
-        key = (b, length, device, plan.mode, str(plan.cache.k.dtype) if plan.cache else "")
+        key = (b, length, device, plan.mode)
         buf = self._sets.pop(key, None)
+        if buf is not None and buf.cache is not None and (
+                buf.cache.k.dtype != plan.cache.k.dtype or buf.cache.k.shape != plan.cache.k.shape):
+            buf = None  # the model changed dtype or shape: new buffers
         if buf is None:
             while len(self._sets) >= MAX_SHAPES:  # the oldest shape goes (its cache too)
                 self._sets.pop(next(iter(self._sets)))

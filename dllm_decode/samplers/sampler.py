@@ -194,7 +194,9 @@ class DiffusionSampler:
         if causal is None:  # the policy's preference, where it applies
             causal = sel_caps.causal_prefix and model.attention == "block_causal"
         plan = make_plan(model, cfg.cache, model_valid, model_pos,
-                         replace(cfg, causal_prefix=causal), family)
+                         replace(cfg, causal_prefix=causal), family,
+                         cache=self.step_graphs and self.step_graphs.cache_for(
+                             cfg.cache, model_valid.shape, device))  # the graphs' K/V
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
