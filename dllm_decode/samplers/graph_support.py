@@ -62,5 +62,5 @@ def unsupported(*, plan: ForwardPlan, cfg: Any, caps: Any, parts: tuple[Any, Any
     for part in (selector, stopper):
         if not graph_safe(part):
             return (f"{type(part).__name__} is not declared graph-safe "
-                    "(samplers.graph.GRAPH_SAFE)")
+                    "(samplers.graph_support.GRAPH_SAFE)")
     return None
