@@ -330,7 +330,7 @@ def _fake_capture(buffers: Any) -> Any:
             return out
 
     @contextlib.contextmanager
-    def graph(g: _FakeGraph, pool: Any = None) -> Any:
+    def graph(g: _FakeGraph, pool: Any = None, stream: Any = None) -> Any:
         snap = [(t, t.clone()) for t in buffers()]
         with Record(g):
             yield

@@ -35,10 +35,12 @@ loop, with the reason logged (``graph_support.unsupported``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import time
 import types
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -150,6 +152,9 @@ class StepGraphs:
                 valid=plan.valid.clone(), positions=plan.positions.clone(), cache=plan.cache)
             if self.capture:
                 buf.pool = torch.cuda.graph_pool_handle()
+                # warm-ups run on the capture's stream (torch.cuda.graph's recipe: per-stream
+                # lazy initialisation, e.g. cuBLAS workspaces, happens before the capture)
+                buf.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
         self._sets[key] = buf  # most recently used last
         buf.canvas.copy_(canvas)
         buf.commit_at.fill_(-1)
@@ -306,7 +311,8 @@ class GraphRun:
             return
         if not owner.capture or buf.broken or key not in buf.seen:
             buf.seen.add(key)  # the first run of a key is the warm-up of its capture
-            static_step(self, key, host)
+            with _on_stream(None if buf.broken else buf.stream):
+                static_step(self, key, host)
             owner.stats.eager += 1
             return
         t0 = time.perf_counter()
@@ -336,7 +342,7 @@ class GraphRun:
         # the recorder lists the outside tensors the graph reads (kept alive with it) and
         # refuses host syncs and writes outside the buffers (``graph_check``)
         rec = Recorder(self._static_storages())
-        with torch.cuda.graph(graph, pool=self.buf.pool), rec:
+        with torch.cuda.graph(graph, pool=self.buf.pool, stream=self.buf.stream), rec:
             static_step(self, key, host)
         if rec.problems:
             raise _Unsupported(rec.problems[0])
@@ -353,6 +359,19 @@ class GraphRun:
         guard._flags, guard._limits = flags, limits
         guard._last_step = (step, *last[1:])
         self.bind_state()
+
+@contextlib.contextmanager
+def _on_stream(stream: Any) -> Iterator[None]:
+    """Run on ``stream`` (``None``: the current one), ordered after and before the current
+    stream's work."""
+    if stream is None:
+        yield
+        return
+    stream.wait_stream(torch.cuda.current_stream(stream.device))
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream(stream.device).wait_stream(stream)
+
 
 class _Unsupported(RuntimeError):
     """A step that cannot be a static tensor program (raised while capturing)."""

@@ -68,6 +68,7 @@ class Buffers:
     graphs: dict[StepKey, Any] = field(default_factory=dict)  # samplers.graph._Graph
     seen: set[StepKey] = field(default_factory=set)
     pool: Any = None
+    stream: Any = None  # CUDA: the stream warm-ups and captures run on
     broken: str | None = None
 
 
