@@ -163,7 +163,8 @@ def test_static_step_conformance_cases(family: str) -> None:
     assert ran >= 3, f"only {ran} {family} cases ran the static step"
 
 
-def test_fallbacks_are_logged_and_eager(caplog: pytest.LogCaptureFixture) -> None:
+def test_fallbacks_are_logged_and_eager(caplog: pytest.LogCaptureFixture,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
     model = _model("tiny-llada")
     prompt = _prompts(model)[0]
     kw = dict(gen_length=16, block_length=8, steps=16)
@@ -185,6 +186,10 @@ def test_fallbacks_are_logged_and_eager(caplog: pytest.LogCaptureFixture) -> Non
     cpu = DiffusionSampler(model, "low_confidence", **kw)  # default: CUDA only
     cpu.generate(prompt)
     assert cpu.step_graphs is None and cpu.graph_reason is None
+    cuda = torch.device("cuda")
+    assert graph_support.wanted(None, cuda) and not graph_support.wanted(False, cuda)
+    monkeypatch.setenv(graph_support.ENV_VAR, "0")
+    assert not graph_support.wanted(None, cuda) and graph_support.wanted(True, cuda)
 
 
 @dataclass(frozen=True)

@@ -9,7 +9,10 @@ per-row shapes fall back to the eager loop with the reason (``unsupported``).
 
 from __future__ import annotations
 
+import os
 from typing import Any
+
+import torch
 
 from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.policies.adaptive import EntropyBounded, EntropyThreshold, Factor, Threshold
@@ -33,6 +36,18 @@ def graph_safe(part: Any) -> bool:
     if type(part) is TopK:
         return not part.alg_temp and part.score is not ScoreKind.RANDOM
     return type(part) in GRAPH_SAFE
+
+
+#: environment variable: ``0`` turns the CUDA default off (``graphs=None``)
+ENV_VAR = "DLLM_DECODE_GRAPHS"
+
+
+def wanted(graphs: bool | None, device: torch.device) -> bool:
+    """Whether a sampler's ``graphs`` setting asks for the static step on ``device``:
+    ``True`` anywhere, ``False`` never, ``None`` on CUDA unless ``DLLM_DECODE_GRAPHS=0``."""
+    if graphs is not None:
+        return bool(graphs)
+    return device.type == "cuda" and os.environ.get(ENV_VAR, "1") != "0"
 
 
 def unsupported(*, plan: ForwardPlan, cfg: Any, caps: Any, parts: tuple[Any, Any, Any],

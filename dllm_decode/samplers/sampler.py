@@ -20,7 +20,7 @@ from dllm_decode.samplers.batching import decode_groups, split_rows
 from dllm_decode.samplers.contract import StepGuard, expected_rows
 from dllm_decode.samplers.fused import fused_step, span_selector
 from dllm_decode.samplers.graph import GraphRun, StepGraphs
-from dllm_decode.samplers.graph_support import unsupported
+from dllm_decode.samplers.graph_support import unsupported, wanted
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker
@@ -101,7 +101,8 @@ class DiffusionSampler:
             replayed; on the CPU the same step runs eagerly (for tests). ``None`` (default):
             on for CUDA wherever the policy and settings allow (else the eager loop, the
             reason logged on the ``dllm_decode.graph`` logger and kept in
-            ``graph_reason``); ``False``: never. Tokens equal the eager loop's.
+            ``graph_reason``; ``DLLM_DECODE_GRAPHS=0`` in the environment turns the default
+            off); ``False``: never. Tokens equal the eager loop's.
         **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``; only
             with a preset name or an import path), split and checked by
             ``samplers.params.build_policy``. Unknown names raise ``ValueError`` with the
@@ -396,7 +397,7 @@ class DiffusionSampler:
         """This generation's static-buffer step (``samplers.graph``), or ``None`` (eager)."""
         self.graph_reason = None
         cuda = canvas.device.type == "cuda"
-        if self.graphs is False or (self.graphs is None and not cuda):
+        if not wanted(self.graphs, canvas.device):
             return None
         why = unsupported(plan=plan, cfg=cfg, caps=caps, parts=bound, on_step=on_step,
                           debug=self.debug, compile=self.compile)
