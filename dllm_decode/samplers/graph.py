@@ -49,6 +49,7 @@ from torch import Tensor
 
 from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.samplers.graph_check import Recorder, ReplayCheck
+from dllm_decode.samplers.graph_support import unsupported, wanted
 from dllm_decode.samplers.static_step import (
     Buffers,
     StepKey,
@@ -371,6 +372,33 @@ def _on_stream(stream: Any) -> Iterator[None]:
     with torch.cuda.stream(stream):
         yield
     torch.cuda.current_stream(stream.device).wait_stream(stream)
+
+
+def graph_run(sampler: Any, plan: ForwardPlan, parts: StepParts, memory: Any, canvas: Tensor,
+              caps: Any, cfg: Any, bound: tuple[Any, Any, Any], on_step: Any, p: int,
+              total_steps: int) -> GraphRun | None:
+    """A generation's static-buffer step for ``sampler`` (a ``DiffusionSampler``: its
+    ``graphs`` setting, ``step_graphs`` and ``graph_reason`` are read and set here), or
+    ``None`` (the eager loop; the reason logged and kept in ``graph_reason``)."""
+    sampler.graph_reason = None
+    if not wanted(sampler.graphs, canvas.device):
+        return None
+    why = unsupported(plan=plan, cfg=cfg, caps=caps, parts=bound, on_step=on_step,
+                      debug=sampler.debug, compile=sampler.compile)
+    if why is not None:
+        sampler.graph_reason = why
+        log = logger.warning if sampler.graphs else logger.info
+        log("policy %r, cache %r: steps run eagerly (no CUDA graphs): %s",
+            sampler.policy.name, cfg.cache.value, why)
+        return None
+    kind = canvas.device.type
+    if sampler.step_graphs is None or sampler.step_graphs.device not in (None, kind):
+        sampler.step_graphs = StepGraphs(capture=kind == "cuda")  # (one per device type)
+    setting = repr((dataclasses.replace(cfg, seed=None), bound))
+    return sampler.step_graphs.begin(model=sampler.model, plan=plan, parts=parts,
+                                     memory=memory, canvas=canvas, gen_start=p,
+                                     gen_length=cfg.gen_length, total_steps=total_steps,
+                                     setting=setting)
 
 
 class _Unsupported(RuntimeError):

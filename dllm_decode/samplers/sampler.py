@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
@@ -19,8 +18,7 @@ from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.batching import decode_groups, split_rows
 from dllm_decode.samplers.contract import StepGuard, expected_rows
 from dllm_decode.samplers.fused import fused_step, span_selector
-from dllm_decode.samplers.graph import GraphRun, StepGraphs
-from dllm_decode.samplers.graph_support import unsupported, wanted
+from dllm_decode.samplers.graph import StepGraphs, graph_run
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker
@@ -37,7 +35,6 @@ from dllm_decode.samplers.step import (
 from dllm_decode.types import Generation, Impl, StepState
 
 OnStep = Callable[[StepState, Tensor], None]
-_graph_log = logging.getLogger("dllm_decode.graph")
 
 
 class DiffusionSampler:
@@ -244,8 +241,8 @@ class DiffusionSampler:
         step_forwards: list[int] = []  # host counters: model calls per step
         step = forwards = 0
         total_steps = sum(block_steps) if block_steps else g
-        graphed = self._graph_run(plan, parts, memory, canvas, caps, cfg, bound, on_step, p,
-                                  total_steps)
+        graphed = graph_run(self, plan, parts, memory, canvas, caps, cfg, bound, on_step, p,
+                            total_steps)
         if graphed is not None:  # the step runs on static buffers (samplers.graph)
             maker.masked_only, fuse = False, None
             canvas, commit_at, commit_prob = graphed.canvas, graphed.commit_at, \
@@ -390,29 +387,6 @@ class DiffusionSampler:
         return Generation(tokens=canvas, nfe=nfe, forwards=forwards, steps=step, prompt_length=p,
                           commit_step=commit_at[:, p:].clone(), bits=bits_t, lengths=lengths,
                           refreshed=refreshed_t, step_forwards=step_forwards)
-
-    def _graph_run(self, plan: Any, parts: StepParts, memory: Any, canvas: Tensor,
-                   caps: Capabilities, cfg: SamplerConfig, bound: tuple[Any, Any, Any],
-                   on_step: OnStep | None, p: int, total_steps: int) -> GraphRun | None:
-        """This generation's static-buffer step (``samplers.graph``), or ``None`` (eager)."""
-        self.graph_reason = None
-        cuda = canvas.device.type == "cuda"
-        if not wanted(self.graphs, canvas.device):
-            return None
-        why = unsupported(plan=plan, cfg=cfg, caps=caps, parts=bound, on_step=on_step,
-                          debug=self.debug, compile=self.compile)
-        if why is not None:
-            self.graph_reason = why
-            log = _graph_log.warning if self.graphs else _graph_log.info
-            log("policy %r, cache %r: steps run eagerly (no CUDA graphs): %s",
-                self.policy.name, cfg.cache.value, why)
-            return None
-        if self.step_graphs is None or self.step_graphs.device not in (None, canvas.device.type):
-            self.step_graphs = StepGraphs(capture=cuda)  # (one per device type)
-        setting = repr((replace(cfg, seed=None), bound))
-        return self.step_graphs.begin(model=self.model, plan=plan, parts=parts, memory=memory,
-                                      canvas=canvas, gen_start=p, gen_length=cfg.gen_length,
-                                      total_steps=total_steps, setting=setting)
 
     def _step_function(self, caps: Capabilities, cfg: SamplerConfig,
                        device: torch.device) -> Callable[..., Any]:
