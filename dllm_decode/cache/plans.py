@@ -85,6 +85,24 @@ class Fed:
         return torch.full((batch,), self.refresh, dtype=torch.bool, device=self.logits.device)
 
 
+@dataclass(frozen=True)
+class Feed:
+    """The host integers of one step's forward (``ForwardPlan.feed``): the model is fed canvas
+    positions ``[start, end)`` (against the cache when ``use_cache``) and scores the rows
+    ``[lo, hi)``; ``fed_start`` / ``fed_width`` / ``refresh`` / ``double_draw`` are ``Fed``'s.
+    Two steps with equal ``Feed`` run the same tensor program (a captured step's key)."""
+
+    start: int
+    end: int
+    lo: int
+    hi: int
+    use_cache: bool
+    fed_start: int
+    fed_width: int
+    refresh: bool
+    double_draw: bool = False
+
+
 class ForwardPlan:
     """Runs the model for one step according to the cache mode (one plan per generation).
 
@@ -97,10 +115,13 @@ class ForwardPlan:
         refresh_every: ``prefix``/``dual``: also refresh every R steps inside a block.
         causal_prefix: block-diffusion models: queries left of the current block attend
             causally (see the module docstring).
+        cache: a ``BlockKVCache`` of this batch and length to reuse (its content is
+            overwritten; ``None``: a new one, ``model.new_cache``).
     """
 
     def __init__(self, model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
-                 refresh_every: int | None = None, *, causal_prefix: bool = False) -> None:
+                 refresh_every: int | None = None, *, causal_prefix: bool = False,
+                 cache: BlockKVCache | None = None) -> None:
         if mode is CacheMode.BLOCK_CAUSAL and model.attention != "block_causal":
             raise ValueError("cache='block_causal' needs a block-diffusion model; this model's "
                              f"attention is {model.attention!r} (use none, prefix or dual)")
@@ -118,7 +139,8 @@ class ForwardPlan:
         self.length = valid.shape[1]
         self.cache: BlockKVCache | None = None
         if mode is not CacheMode.NONE:
-            self.cache = model.new_cache(valid.shape[0], self.length)
+            self.cache = cache if cache is not None and (cache.batch_size, cache.max_len) == (
+                valid.shape[0], self.length) else model.new_cache(valid.shape[0], self.length)
         self.clean_upto = 0  # block_causal: K/V of [0, clean_upto) are final
         # no padding and nothing truncated: bidirectional forwards need no mask (SDPA's fast
         # path). One host read here, before the step loop; ``restrict`` clears it.
@@ -255,7 +277,7 @@ class ForwardPlan:
     def forward(self, canvas: Tensor, block: tuple[int, int], aligned_start: int,
                 step_in_block: int, lo: int, full_span: bool,
                 host: list[int] | None = None) -> Fed:
-        """One forward for a step.
+        """One forward for a step: ``feed`` (the host bookkeeping) then ``run`` (the tensors).
 
         Args:
             canvas: ``[B', L]`` tokens (B' = 2B under CFG).
@@ -266,42 +288,49 @@ class ForwardPlan:
             full_span: logits wanted up to the end of the canvas (stoppers), not the block.
             host: the values of ``prepare``'s tensor, read on the host (unused here).
         """
+        self._draft_upto = None
+        if self.draft_causal and self.model.attention == "block_causal":
+            bs, be = aligned_start, block[1]
+            pos = torch.arange(bs, be, device=canvas.device)
+            open_ = canvas[:, bs:be] == self.model.mask_token_id
+            self._draft_upto = torch.where(open_, pos, be).min(1).values
+        return self.run(canvas, self.feed(block, aligned_start, step_in_block, lo, full_span))
+
+    def feed(self, block: tuple[int, int], aligned_start: int, step_in_block: int, lo: int,
+             full_span: bool) -> Feed:
+        """The host half of ``forward``: which span this step feeds and scores (host integers
+        only, no tensor work), and the plan's per-block bookkeeping (the causal boundary, the
+        block-causal clean prefix). ``run`` does the tensor half; a captured step
+        (``samplers.graph``) calls ``feed`` on the host every step and replays ``run``."""
         bs, be = block
         length = self.length
         hi = length if full_span else be
         mode = self.mode
         self.boundary = aligned_start
-        self._draft_upto = None
-        if self.draft_causal and self.model.attention == "block_causal":
-            pos = torch.arange(aligned_start, be, device=canvas.device)
-            open_ = canvas[:, aligned_start:be] == self.model.mask_token_id
-            self._draft_upto = torch.where(open_, pos, be).min(1).values
         refresh = step_in_block == 0 or (
             self.refresh_every is not None and step_in_block % self.refresh_every == 0)
         if mode is CacheMode.NONE:
-            logits = self._run(canvas, 0, length, lo, hi, use_cache=False)
-            return Fed(logits, self._arange(lo, hi), 0, length, refresh=True, span=(lo, hi))
+            return Feed(0, length, lo, hi, False, 0, length, True)
         if mode in (CacheMode.PREFIX, CacheMode.DUAL) and refresh:
-            logits = self._run(canvas, 0, length, lo, hi, use_cache=True)
-            return Fed(logits, self._arange(lo, hi), 0, length, refresh=True, span=(lo, hi))
+            return Feed(0, length, lo, hi, True, 0, length, True)
         if mode is CacheMode.PREFIX:
             start = max(bs - self.shift, 0)
-            lo = max(lo, bs)
-            logits = self._run(canvas, start, length, lo, hi, use_cache=True)
-            return Fed(logits, self._arange(lo, hi), bs, length - bs, refresh=False,
-                       double_draw=True, span=(lo, hi))
+            return Feed(start, length, max(lo, bs), hi, True, bs, length - bs, False,
+                        double_draw=True)
         if mode is CacheMode.DUAL:
             start = max(bs - self.shift, 0)
-            lo, hi = max(lo, bs), be
-            logits = self._run(canvas, start, be, lo, hi, use_cache=True)
-            return Fed(logits, self._arange(lo, hi), bs, be - bs, refresh=False, span=(lo, hi))
+            return Feed(start, be, max(lo, bs), be, True, bs, be - bs, False)
         # block_causal: feed [clean_upto, be); the previous block gets its final K/V here
         start = max(min(self.clean_upto, aligned_start) - self.shift, 0)
-        lo, hi = max(lo, aligned_start), be
-        logits = self._run(canvas, start, be, lo, hi, use_cache=True)
         self.clean_upto = aligned_start
-        return Fed(logits, self._arange(lo, hi), aligned_start, be - aligned_start,
-                   refresh=step_in_block == 0, span=(lo, hi))
+        return Feed(start, be, max(lo, aligned_start), be, True, aligned_start,
+                    be - aligned_start, step_in_block == 0)
+
+    def run(self, canvas: Tensor, feed: Feed) -> Fed:
+        """The tensor half of ``forward``: the model over ``feed``'s span (no host sync)."""
+        logits = self._run(canvas, feed.start, feed.end, feed.lo, feed.hi, feed.use_cache)
+        return Fed(logits, self._arange(feed.lo, feed.hi), feed.fed_start, feed.fed_width,
+                   refresh=feed.refresh, double_draw=feed.double_draw, span=(feed.lo, feed.hi))
 
     def extra_forward(self, canvas: Tensor, tokens: Tensor, positions: Tensor,
                       mask: Tensor) -> Tensor:
@@ -334,8 +363,9 @@ class ForwardPlan:
 
 
 def make_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
-              cfg: Any, family: str = "") -> ForwardPlan:
-    """The plan for ``mode`` built from a ``SamplerConfig`` (window sizes, refresh, prefix)."""
+              cfg: Any, family: str = "", cache: BlockKVCache | None = None) -> ForwardPlan:
+    """The plan for ``mode`` built from a ``SamplerConfig`` (window sizes, refresh, prefix);
+    ``cache``: a K/V cache to reuse (``ForwardPlan``; not for ``window``)."""
     causal = bool(cfg.causal_prefix)
     if mode is CacheMode.WINDOW:
         from dllm_decode.cache.window import WindowPlan
@@ -349,4 +379,5 @@ def make_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Ten
             truncate=dream if cfg.window_truncate is None else cfg.window_truncate,
             mirror=cfg.cfg_scale > 0,
         )
-    return ForwardPlan(model, mode, valid, positions, cfg.refresh_every, causal_prefix=causal)
+    return ForwardPlan(model, mode, valid, positions, cfg.refresh_every, causal_prefix=causal,
+                       cache=cache)

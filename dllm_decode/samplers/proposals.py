@@ -66,13 +66,15 @@ class ProposalMaker:
                                      else [self.mask_id], device=generator.device)
 
     def propose(self, logits: Tensor, fed: Fed, rows: Tensor, masked: Tensor,
-                n_masked: int) -> Proposal:
+                n_masked: int, *, edited: bool = False) -> Proposal:
         """logits ``[B, R, V]`` for canvas ``rows`` -> Proposal ``[B, R]``.
 
-        Edits ``logits`` in place (the mask token and, if asked, EOS become -inf).
+        Edits ``logits`` in place (the mask token and, if asked, EOS become -inf) unless
+        ``edited`` says the caller already did (``edit``).
         """
         cfg = self.cfg
-        self._edit(logits)
+        if not edited:
+            logits = self.edit(logits)
         noise = None
         temperature = 0.0 if self.greedy else cfg.temperature
         if temperature > 0 and cfg.rng == "reference":
@@ -87,13 +89,19 @@ class ProposalMaker:
             prop = self._demote_eos(logits, prop)
         return prop
 
-    def _edit(self, logits: Tensor) -> None:
+    def edit(self, logits: Tensor) -> Tensor:
+        """``logits [..., V]`` with the removed columns (the mask token and, with
+        ``logits_eos_inf``, EOS) at -inf: in place in eager code; a new tensor while
+        ``torch.compile`` traces, so that a compiled step never mutates its input (a mutated
+        input makes Inductor skip CUDA graphs)."""
         removed = self._removed
         if self.greedy:
             self.mask_logit = logits[..., self.mask_id].clone()
         if removed.device != logits.device:
             removed = removed.to(logits.device)
-        logits.index_fill_(-1, removed, -torch.inf)
+        if torch.compiler.is_compiling():
+            return logits.index_fill(-1, removed, -torch.inf)
+        return logits.index_fill_(-1, removed, -torch.inf)
 
     def masked_rows(self, logits: Tensor, fed: Fed, live: Tensor | None, masked: Tensor,
                     count: int | None = None) -> tuple[Tensor, Tensor] | None:
@@ -126,11 +134,13 @@ class ProposalMaker:
         flat = rows + lo if b == 1 else rows + (rows // r) * (length - r) + lo
         return rows, flat
 
-    def propose_rows(self, logits: Tensor, rows: Tensor) -> Proposal:
+    def propose_rows(self, logits: Tensor, rows: Tensor, *, edited: bool = False) -> Proposal:
         """Greedy proposal ``[K]`` for the ``rows`` (``masked_rows``) of logits ``[B, R, V]``,
-        which get ``propose``'s in-place edits (``StepState.logits`` sees them)."""
+        which get ``propose``'s in-place edits (``StepState.logits`` sees them) unless
+        ``edited``."""
         cfg = self.cfg
-        self._edit(logits)
+        if not edited:
+            logits = self.edit(logits)
         b, r, v = logits.shape
         sub = logits.reshape(b * r, v).index_select(0, rows)
         return reference.propose(sub, temperature=0.0, sampling=self.sampling, top_p=cfg.top_p,

@@ -19,6 +19,7 @@ from dllm_decode.samplers.batching import decode_groups, split_rows
 from dllm_decode.samplers.contract import StepGuard, expected_rows
 from dllm_decode.samplers.editing import EditTracker
 from dllm_decode.samplers.fused import fused_step, span_selector
+from dllm_decode.samplers.graph import StepGraphs, graph_run
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.proposals import ProposalMaker
@@ -99,6 +100,13 @@ class DiffusionSampler:
             ``generate`` (reuse the sampler). Tokens equal the eager loop's; ``bits`` may differ
             in the last float32 digits. Not for policies that run extra forwards or draw
             data-dependent shapes (``rng="reference"`` sampling, Dream ``origin``): they raise.
+        graphs: run each step (forward + the work after it) on static buffers
+            (``samplers.graph``): on CUDA each step shape is captured once as a CUDA graph and
+            replayed; on the CPU the same step runs eagerly (for tests). ``None`` (default):
+            on for CUDA wherever the policy and settings allow (else the eager loop, the
+            reason logged on the ``dllm_decode.graph`` logger and kept in
+            ``graph_reason``; ``DLLM_DECODE_GRAPHS=0`` in the environment turns the default
+            off); ``False``: never. Tokens equal the eager loop's.
         **params: ``SamplerConfig`` fields and the policy's own parameters (e.g. ``tau``; only
             with a preset name or an import path), split and checked by
             ``samplers.params.build_policy``. Unknown names raise ``ValueError`` with the
@@ -121,7 +129,7 @@ class DiffusionSampler:
 
     def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
                  cache: str | None = None, *, debug: bool = False, compile: bool | str = False,
-                 **params: Any) -> None:
+                 graphs: bool | None = None, **params: Any) -> None:
         cfg_params, self.policy = build_policy(policy, params)  # the one split (with build_sampler)
         self.model = model
         self.noise_kind = noise_kind_of(model)
@@ -143,6 +151,9 @@ class DiffusionSampler:
         self.debug = debug
         self.compile = compile
         self._compiled: Any = None  # the compiled step, built on first use (per device)
+        self.graphs = graphs
+        self.step_graphs: StepGraphs | None = None  # static buffers and graphs (first use)
+        self.graph_reason: str | None = None  # why the last generate ran without them
 
     def __repr__(self) -> str:
         return f"DiffusionSampler(policy={self.policy.name!r}, cache={self.config.cache.value!r})"
@@ -205,7 +216,9 @@ class DiffusionSampler:
         if causal is None:  # the policy's preference, where it applies
             causal = sel_caps.causal_prefix and model.attention == "block_causal"
         plan = make_plan(model, cfg.cache, model_valid, model_pos,
-                         replace(cfg, causal_prefix=causal), family)
+                         replace(cfg, causal_prefix=causal), family,
+                         cache=self.step_graphs and self.step_graphs.cache_for(
+                             cfg.cache, model_valid.shape, device))  # the graphs' K/V
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
@@ -258,6 +271,13 @@ class DiffusionSampler:
         step_forwards: list[int] = []  # host counters: model calls per step
         step = forwards = 0
         total_steps = sum(block_steps) if block_steps else g
+        graphed = graph_run(self, plan, parts, memory, canvas, caps, cfg, bound, on_step, p,
+                            total_steps)
+        if graphed is not None:  # the step runs on static buffers (samplers.graph)
+            maker.masked_only, fuse = False, None
+            canvas, commit_at, commit_prob = graphed.canvas, graphed.commit_at, \
+                graphed.commit_prob
+            lengths = graphed.lengths
 
         no_edit = torch.zeros(b, g, dtype=torch.bool, device=device)
         no_budget = torch.zeros(b, dtype=torch.long, device=device)
@@ -301,6 +321,31 @@ class DiffusionSampler:
                         cfg.exact_steps and steps_per_block and i < n_commit):
                     break
                 reach = min(be + lookahead, length)
+                budget = None
+                if i >= n_commit and (budgets is not None or steps_per_block):
+                    budget = no_budget  # a post step: nothing scheduled
+                elif budgets is not None:
+                    budget = budgets[i]
+                elif steps_per_block:
+                    budget = sch.dream_budget(masked, times, i, n_commit, fractions)
+                if graphed is not None:  # the same step on static buffers, maybe replayed
+                    canvas, commit_prob, active, full = graphed.step(
+                        canvas, commit_prob, block=blk, bounds=(bs, be), aligned=aligned,
+                        step_in_block=i, lo=lo, full_span=full_span, step=step,
+                        progress=step / max(total_steps - 1, 1), budget=budget,
+                        times=(times[i], times[i + 1]) if times is not None else None,
+                        n_masked=n_masked, last=i == n_commit - 1,
+                        steps_left=(n_commit - i) if steps_per_block or times is not None
+                        else None, force_end=i == n_commit - 1 and lo == p,
+                        stall_limit=min(n_commit, be - bs))
+                    forwards += 1
+                    step_forwards.append(1)
+                    refreshed.append(spans.flag(full))
+                    took_part.append(active)
+                    if cfg.stop_at_eos and model.eos_token_ids:
+                        canvas = fill_after_eos(canvas, mask_id, model.eos_token_ids, p, fill_id)
+                    step += 1
+                    continue
                 fed = plan.forward(model_canvas, (bs, reach), aligned, i, lo, full_span,
                                    host=host)
                 forwards += 1
@@ -318,13 +363,6 @@ class DiffusionSampler:
                     eligible = masked & fresh & spans.get(0, reach)
                 if lookahead:  # batch invariance: a row whose block is complete waits
                     eligible = eligible & masked[:, bs:be].any(1, keepdim=True)
-                budget = None
-                if i >= n_commit and (budgets is not None or steps_per_block):
-                    budget = no_budget  # a post step: nothing scheduled
-                elif budgets is not None:
-                    budget = budgets[i]
-                elif steps_per_block:
-                    budget = sch.dream_budget(masked, times, i, n_commit, fractions)
                 has_eligible = active = eligible.any(1)
                 editable = None
                 if tracker is not None:  # rows in a post step still take part (and count)
@@ -372,6 +410,7 @@ class DiffusionSampler:
                     if tracker is not None:
                         tracker.end_step(out.edit)
                         edit_log.append(no_edit if out.edit is None else out.edit[:, p:])
+                    commit_at = out.commit_at  # a new tensor under compile
                     forwards += step_model.calls
                     if self.debug:
                         check_commit(state, out.selected,
@@ -397,6 +436,8 @@ class DiffusionSampler:
                                          getattr(model, "block_size", None)
                                          if cfg.eos_skip_block_start else None)
         guard.finish(canvas[:, p:], mask_id, check_masks=lo == p)  # one sync after the loop
+        if graphed is not None:  # the buffers are the next generation's
+            canvas, lengths = canvas.clone(), lengths.clone()
         nfe = (torch.stack(took_part, 1).sum(1) if took_part
                else torch.zeros(b, dtype=torch.long, device=device))
         bits_t = bits_per_step(commit_at, commit_prob, step)

@@ -50,14 +50,16 @@ class StepParts:
 class StepOut:
     """``post_forward``'s result: the new canvas ``[B, L]``, the commit mask ``[B, L]`` (with
     the stopper's greedy commits), the selector's own mask ``selected [B, L]``, the updated
-    ``commit_prob [B, L]``, the step's ``StepState`` and its edits ``[B, L]`` (``None``: the
-    policy does not edit, or returned no ``Selection.edit``)."""
+    ``commit_prob [B, L]``, the step's ``StepState``, ``commit_at [B, L]`` (the argument,
+    written in place; a new tensor under ``torch.compile``) and the step's edits ``[B, L]``
+    (``None``: the policy does not edit, or returned no ``Selection.edit``)."""
 
     canvas: Tensor
     commit: Tensor
     selected: Tensor
     commit_prob: Tensor
     state: StepState
+    commit_at: Tensor
     edit: Tensor | None = None
 
 
@@ -71,11 +73,14 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     Args:
         parts: the generation's ``StepParts``.
         fed: the plan's ``Fed`` (for the reference RNG shapes); ``logits [B, R, V]`` its
-            logits after CFG (edited in place: the mask token becomes -inf).
+            logits after CFG (edited in place eagerly, copied under ``torch.compile``: the
+            mask token becomes -inf; ``StepState.logits`` sees the edit either way).
         rows, live: the scored canvas positions ``[R]`` / ``[B, R]`` and their live flags.
         canvas, masked, fresh, eligible: ``[B, L]`` this step's tensors.
         budget: ``[B]`` int64 scheduled commits or ``None``.
-        commit_at: ``[B, L]`` int64 step of each commit (-1: none), written in place.
+        commit_at: ``[B, L]`` int64 step of each commit (-1: none), written in place (under
+            ``torch.compile`` a new tensor is returned instead: a compiled step mutates none
+            of its inputs, which would make Inductor skip CUDA graphs).
         commit_prob: ``[B, L]`` float64 probability each position was committed with.
         info: the remaining ``StepState`` fields (``step``, ``block``, ... ``model``).
         ctl: ``n_masked`` (int, masked positions of the batch), ``in_rows`` (int masked
@@ -88,13 +93,15 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
             editing policies, ``samplers.editing``; absent otherwise) and ``mask_id``.
     """
     maker = parts.maker
+    # the mask token (and EOS) removed: in place eagerly, a new tensor under torch.compile
+    logits = maker.edit(logits)
     masked_rows = maker.masked_rows(logits, fed, live, masked, ctl.get("in_rows"))
     if masked_rows is None:
-        prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"])
+        prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"], edited=True)
         full_prop = widen(prop, canvas, rows, live, span=fed.span, span_mask=fresh)
         checked, checked_live = prop, live
     else:  # masked-only policies: the masked rows alone are scored (and fresh)
-        checked = maker.propose_rows(logits, masked_rows[0])
+        checked = maker.propose_rows(logits, masked_rows[0], edited=True)
         full_prop = widen_at(checked, canvas, masked_rows[1])
         fresh = masked & fresh
         checked_live = None
@@ -138,9 +145,12 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     if edit is not None:
         guard.observe_edit(edit, editable, tokens, ctl["mask_id"])
     canvas = torch.where(write, tokens, canvas)
-    commit_at.masked_fill_(commit, info["step"])
+    if torch.compiler.is_compiling():
+        commit_at = torch.where(commit, info["step"], commit_at)
+    else:
+        commit_at.masked_fill_(commit, info["step"])
     commit_prob = torch.where(commit, prob, commit_prob)
-    return StepOut(canvas, commit, selected, commit_prob, state, edit)
+    return StepOut(canvas, commit, selected, commit_prob, state, commit_at, edit)
 
 
 def compile_step(device: torch.device, backend: str = "inductor") -> Any:

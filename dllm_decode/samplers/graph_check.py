@@ -1,0 +1,132 @@
+"""A CPU check that a static-buffer step could be replayed as a CUDA graph.
+
+A CUDA graph replays the kernels its capture recorded, with the same arguments: the same
+memory addresses and the same host scalars. A step may therefore be replayed in place of a
+later run of the same ``StepKey`` exactly when that later run would launch the same ops, on
+the same memory, with the same scalars. ``ReplayCheck`` records every aten op of a step (a
+``TorchDispatchMode``) and compares each later run of the key with the first one:
+
+* the same op sequence, with equal non-tensor arguments (a host value baked into a step,
+  such as the step index passed as a Python int, differs between steps and is reported);
+* tensors made inside the step: equal shapes and dtypes (a data-dependent shape is reported);
+* tensors from outside the step: the static buffers and the model's weights must be the very
+  same memory (storage, offset, shape, strides); any other outside tensor is a constant the
+  graph keeps alive, so its content must equal what the first run read;
+* writes go only to tensors made inside the step or to the static buffers;
+* no host sync (``aten::_local_scalar_dense``: ``.item()``, ``bool(tensor)``, ...).
+
+No GPU is needed: the tests run every CPU static-buffer decode under this check, so a step
+that the CPU proves token-identical is also one whose capture would replay correctly.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
+
+
+class ReplayMismatch(AssertionError):
+    """A step run differs from its key's first run in a way a CUDA graph replay would miss."""
+
+
+def _storage(t: Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class Recorder(TorchDispatchMode):
+    """Records one step's ops (``ReplayCheck``; ``samplers.graph`` runs each capture under
+    it to keep the outside tensors it reads alive and to refuse host syncs).
+
+    Args:
+        static: storage addresses of the static buffers and the weights.
+        keep_made: keep the tensors made inside the step alive while recording, so that no
+            address is reused within the step (exact classification; the CPU check). A
+            capture does not (its intermediates share memory).
+    """
+
+    def __init__(self, static: set[int], keep_made: bool = False) -> None:
+        super().__init__()
+        self.static = static
+        self.keep_made = keep_made
+        self._alive: list[Tensor] = []
+        self.made: set[int] = set()
+        self.ops: list[tuple[Any, ...]] = []
+        self.consts: list[Tensor] = []  # outside non-static tensors, in order of reading
+        self.problems: list[str] = []
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
+                           kwargs: Any = None) -> Any:
+        kwargs = kwargs or {}
+        name = str(func)
+        if "_local_scalar_dense" in name:
+            self.problems.append(f"host sync ({name}) inside the step")
+        sig: list[Any] = []
+        fresh = "lift_fresh" in name  # a constant made in the step (``torch.tensor(x)``)
+        for a in tree_leaves((args, kwargs)):
+            if fresh and isinstance(a, Tensor):
+                sig.append(("fresh", tuple(a.shape), a.dtype))
+                continue
+            if not isinstance(a, Tensor):
+                sig.append(repr(a))
+                continue
+            ptr = _storage(a)
+            if ptr in self.made:
+                sig.append(("made", tuple(a.shape), a.dtype))
+            elif ptr in self.static:
+                sig.append(("static", ptr, a.storage_offset(), tuple(a.shape), a.stride()))
+            else:
+                sig.append(("const", len(self.consts), tuple(a.shape), a.dtype))
+                self.consts.append(a)
+        for i, arg in enumerate(func._schema.arguments):
+            if arg.alias_info is None or not arg.alias_info.is_write:
+                continue
+            value = args[i] if i < len(args) else kwargs.get(arg.name)
+            if isinstance(value, Tensor) and _storage(value) not in self.made | self.static:
+                self.problems.append(f"{name} writes a tensor outside the static buffers")
+        out = func(*args, **kwargs)
+        inputs = {_storage(a) for a in tree_leaves((args, kwargs)) if isinstance(a, Tensor)}
+        for o in tree_leaves(out):
+            if isinstance(o, Tensor) and _storage(o) not in inputs:
+                self.made.add(_storage(o))
+                if self.keep_made:
+                    self._alive.append(o)
+                sig.append(("out", tuple(o.shape), o.dtype))
+        self.ops.append((name, tuple(sig)))
+        return out
+
+
+class ReplayCheck:
+    """Per ``StepKey``, the first run's op record; later runs are compared with it."""
+
+    def __init__(self) -> None:
+        self._first: dict[Any, tuple[list[tuple[Any, ...]], list[Tensor]]] = {}
+        self.checked = 0
+
+    def run(self, key: Any, static: set[int], body: Any) -> None:
+        """Run ``body()`` recording its ops; raise ``ReplayMismatch`` if a graph captured on
+        the key's first run would not replay this run."""
+        rec = Recorder(static, keep_made=True)
+        with rec:
+            body()
+        if rec.problems:
+            raise ReplayMismatch(f"step {key}: {rec.problems[0]}")
+        first = self._first.get(key)
+        if first is None:
+            self._first[key] = (rec.ops, [c.clone() for c in rec.consts])
+            return
+        ops, consts = first
+        if len(ops) != len(rec.ops):
+            raise ReplayMismatch(f"step {key}: {len(rec.ops)} ops, the capture had {len(ops)}")
+        for i, (want, got) in enumerate(zip(ops, rec.ops, strict=True)):
+            if want != got:
+                raise ReplayMismatch(f"step {key}: op {i} differs from the capture:\n"
+                                     f"  capture: {want}\n  now:     {got}")
+        for i, (want, got) in enumerate(zip(consts, rec.consts, strict=True)):
+            if not torch.equal(want, got):
+                raise ReplayMismatch(f"step {key}: outside tensor #{i} {tuple(got.shape)} "
+                                     "changed since the capture (it must be a static buffer)")
+        self.checked += 1
