@@ -10,9 +10,8 @@ explicit ``BlockKVCache`` passed to ``forward``.
 
 from __future__ import annotations
 
-import math
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol, runtime_checkable
 
 import torch
@@ -24,7 +23,10 @@ from dllm_decode.cache.kv import BlockKVCache
 from dllm_decode.models.functional import (  # noqa: F401 (re-exported)
     apply_rope,
     block_causal_mask,
+    cached_kv,
+    kernel_attention,
     rope_cos_sin,
+    sdpa,
 )
 from dllm_decode.models.fused import FusedLayer
 from dllm_decode.types import Impl
@@ -157,27 +159,9 @@ class Attention(nn.Module):
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None and store and impl is Impl.TRITON and (mask is None or
                                                                      mask.dim() == 2):
-            ck, cv = cache.layer(layer)
-            kernels.kv_write_(ck, cv, k, v, slots, impl=impl)
-            full = torch.full((b,), ck.shape[2], dtype=torch.int32, device=x.device)
-            out = kernels.block_attention(q, ck, cv, torch.zeros_like(full), full, kv_mask=mask,
-                                          sm_scale=1.0 / math.sqrt(spec.head_dim),
-                                          impl=impl).out
-            return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
-        if cache is not None:
-            if store:
-                cache.write(layer, slots, k, v)
-                k, v = cache.layer(layer)
-            else:
-                ck, cv = cache.layer(layer)
-                k, v = torch.cat((ck, k), dim=2), torch.cat((cv, v), dim=2)
-        attn_mask = None
-        if mask is not None:
-            attn_mask = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, scale=1.0 / math.sqrt(spec.head_dim),
-            enable_gqa=spec.num_heads != spec.num_kv_heads,
-        )
+            out = kernel_attention(q, k, v, *cache.layer(layer), slots, mask, impl)
+        else:
+            out = sdpa(q, *cached_kv(cache, layer, slots, k, v, store), mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 
@@ -352,6 +336,17 @@ class DecoderLM(nn.Module):
             mask = block_causal_mask(positions, positions, self.spec.block_size)
         h = self.embed(tokens)
         cos, sin = self.rope_tables(positions) if rope is None else rope
+        h = self._run_layers(h, cos, sin, mask, cache, slots, store)
+        if self.spec.logit_shift:
+            h = torch.cat((h[:, :1], h[:, :-1]), dim=1)
+        if hidden_rows is not None:
+            h = h.index_select(1, hidden_rows)
+        return self.head(h)
+
+    def _run_layers(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                    cache: BlockKVCache | None, slots: Tensor, store: bool) -> Tensor:
+        """The layer stack and the final norm: embeddings ``h [B, N, hidden]`` -> normed
+        ``[B, N, hidden]`` (a family with other layers overrides this, not ``forward``)."""
         rows = kernels.rope_rows(cos, sin)  # once per forward, shared by every layer
         attn_impl = self._cached_attn_impl(h) if cache is not None else Impl.REFERENCE
         impl = self._impl(h, self.layer_impl, ("qkv_rope", "silu_mul"))
@@ -362,12 +357,17 @@ class DecoderLM(nn.Module):
                 h = layer(h, rows, mask, i, cache, slots, store, impl, attn_impl)
             else:  # a family's own (unfused) layer with the ``Layer`` signature
                 h = layer(h, cos, sin, mask, i, cache, slots, store, attn_impl)
-        h = F.rms_norm(h, (h.shape[-1],), self.norm.weight, self.norm.eps)
-        if self.spec.logit_shift:
-            h = torch.cat((h[:, :1], h[:, :-1]), dim=1)
-        if hidden_rows is not None:
-            h = h.index_select(1, hidden_rows)
-        return self.head(h)
+        return F.rms_norm(h, (h.shape[-1],), self.norm.weight, self.norm.eps)
+
+    def _block_size_view(self, block_size: int) -> DecoderLM:
+        """A view of the same weights whose spec has another ``block_size`` (the families'
+        ``with_block_size``)."""
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        other = object.__new__(type(self))
+        other.__dict__.update(self.__dict__)
+        other.spec = replace(self.spec, block_size=block_size)
+        return other
 
     def _cached_attn_impl(self, h: Tensor) -> Impl:
         """``attn_impl`` resolved for ``h``'s device and dtype, once per setting of the

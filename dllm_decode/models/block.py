@@ -8,7 +8,6 @@ blocks (blocks aligned to absolute positions); logits are position-aligned. With
 
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any
 
 from dllm_decode.models.base import DecoderLM, ModelSpec
@@ -20,12 +19,7 @@ class BlockDiffusionModel(DecoderLM):
 
     def with_block_size(self, block_size: int) -> BlockDiffusionModel:
         """A view of the same weights decoding with another block size (1 = causal LM)."""
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-        other = object.__new__(type(self))
-        other.__dict__.update(self.__dict__)
-        other.spec = replace(self.spec, block_size=block_size)
-        return other
+        return self._block_size_view(block_size)
 
 
 def sdar_spec(cfg: dict[str, Any]) -> ModelSpec:

@@ -1,10 +1,21 @@
-"""Stateless tensor helpers of the decoder (``models/base.py``): RoPE tables and rotation,
-and the block-causal attention mask."""
+"""Stateless tensor helpers of the decoders (``models/base.py``, ``models/fused.py``,
+``models/moe_decoder.py``): RoPE tables and rotation, the block-causal attention mask, and the
+attention core shared by every attention module (cache read/write, SDPA, the kernel path)."""
 
 from __future__ import annotations
 
+import math
+from typing import TYPE_CHECKING
+
 import torch
+import torch.nn.functional as F
 from torch import Tensor
+
+from dllm_decode import kernels
+from dllm_decode.types import Impl
+
+if TYPE_CHECKING:
+    from dllm_decode.cache.kv import BlockKVCache
 
 
 def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
@@ -32,3 +43,46 @@ def block_causal_mask(q_pos: Tensor, k_pos: Tensor, block_size: int) -> Tensor:
     is a plain causal mask.
     """
     return (k_pos[:, None, :] // block_size) <= (q_pos[:, :, None] // block_size)
+
+
+def cached_kv(cache: BlockKVCache | None, layer: int, slots: Tensor, k: Tensor, v: Tensor,
+              store: bool) -> tuple[Tensor, Tensor]:
+    """The keys/values a forward attends to: fresh ``k, v [B, H_kv, N, D]`` alone without a
+    cache; with one, written at ``slots [B, N]`` and the whole cache layer read back
+    (``store``), or appended after the cache layer without writing (``store=False``)."""
+    if cache is None:
+        return k, v
+    if store:
+        cache.write(layer, slots, k, v)
+        return cache.layer(layer)
+    ck, cv = cache.layer(layer)
+    return torch.cat((ck, k), dim=2), torch.cat((cv, v), dim=2)
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None) -> Tensor:
+    """SDPA of ``q [B, H, N, D]`` over ``k, v [B, H_kv, Lk, D]`` (GQA when ``H != H_kv``),
+    scale ``1/sqrt(D)`` -> ``[B, H, N, D]``.
+
+    mask: bool ``[B, N, Lk]``, a key mask ``[B, Lk]`` shared by every query, or ``None``
+    (all visible).
+    """
+    attn_mask = None
+    if mask is not None:
+        attn_mask = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]
+    return F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
+                                          scale=1.0 / math.sqrt(q.shape[-1]),
+                                          enable_gqa=q.shape[1] != k.shape[1])
+
+
+def kernel_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: Tensor,
+                     slots: Tensor, mask: Tensor | None, impl: Impl) -> Tensor:
+    """The kernel path of a cached forward that stores its K/V: ``kernels.kv_write_`` of
+    ``k, v [B, H_kv, N, D]`` at ``slots [B, N]`` into one cache layer ``[B, H_kv, L, D]``, then
+    ``kernels.block_attention`` of ``q [B, H, N, D]`` over the whole layer under the key mask
+    ``mask [B, L]`` (or none) -> ``[B, H, N, D]``."""
+
+    kernels.kv_write_(k_cache, v_cache, k, v, slots, impl=impl)
+    full = torch.full((q.shape[0],), k_cache.shape[2], dtype=torch.int32, device=q.device)
+    return kernels.block_attention(q, k_cache, v_cache, torch.zeros_like(full), full,
+                                   kv_mask=mask, sm_scale=1.0 / math.sqrt(q.shape[-1]),
+                                   impl=impl).out

@@ -19,7 +19,6 @@ Launches per layer, batch-1 cached forward (``models.launches``): 14 on the torc
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
@@ -29,6 +28,7 @@ from torch import Tensor, nn
 from dllm_decode import kernels
 from dllm_decode.cache.kv import BlockKVCache
 from dllm_decode.kernels.layer_reference import RopeRows, split_qkv
+from dllm_decode.models.functional import kernel_attention, sdpa
 from dllm_decode.types import Impl
 
 #: fused parameter -> the unfused (released) parameters it holds, in order
@@ -103,20 +103,13 @@ class FusedAttention(nn.Module):
         q, k = qk[:, :, :nh].transpose(1, 2), qk[:, :, nh:].transpose(1, 2)  # [B, H*, N, D]
         v = split_qkv(qkv, nh, nkv, hd)[2].transpose(1, 2)
         if kernel_attn:
-            kernels.kv_write_(ck, cv, k, v, slots, impl=attn_impl)
-            full = torch.full((b,), ck.shape[2], dtype=torch.int32, device=x.device)
-            out = kernels.block_attention(q, ck, cv, torch.zeros_like(full), full, kv_mask=mask,
-                                          sm_scale=1.0 / math.sqrt(hd), impl=attn_impl).out
+            out = kernel_attention(q, k, v, ck, cv, slots, mask, attn_impl)
         else:
             if write:
                 k, v = ck, cv
             elif cache is not None:
                 k, v = torch.cat((ck, k), dim=2), torch.cat((cv, v), dim=2)
-            attn_mask = None
-            if mask is not None:
-                attn_mask = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]
-            out = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_mask,
-                                                 scale=1.0 / math.sqrt(hd), enable_gqa=nh != nkv)
+            out = sdpa(q, k, v, mask)
         return _linear_add(h, out.transpose(1, 2).reshape(b, n, -1), self.o_proj)
 
 

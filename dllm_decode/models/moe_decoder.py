@@ -12,23 +12,22 @@ its tensor-name table. Experts are stacked per layer (``sparse_moe.Experts``) wh
 checkpoints store one tensor per expert: ``checkpoint_layout`` says which checkpoint tensor is
 which slice, ``load_model`` fills the slices shard by shard, ``checkpoint_state_dict`` writes
 them back per expert. Nothing is cached on modules; K/V live in the ``BlockKVCache`` passed to
-``forward`` (same contract as ``DecoderLM.forward``).
+``forward`` (``DecoderLM.forward``, which runs ``_run_layers`` here).
 """
 
 from __future__ import annotations
 
-import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dllm_decode.cache.kv import BlockKVCache
-from dllm_decode.models.base import DecoderLM, ModelSpec, RMSNorm
-from dllm_decode.models.functional import block_causal_mask
+from dllm_decode.models.base import DecoderLM, ModelSpec, RMSNorm, to_checkpoint_name
+from dllm_decode.models.dream import _L, _M, QWEN_NAMES
+from dllm_decode.models.functional import cached_kv, sdpa
 from dllm_decode.models.sparse_moe import DenseMLP, MoEImpl, MoESpec, SparseMoE
 
 
@@ -106,19 +105,7 @@ class MoEAttention(nn.Module):
             q, k = self.q_norm(q), self.k_norm(k)
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H*, N, D]
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
-        if cache is not None:
-            if store:
-                cache.write(layer, slots, k, v)
-                k, v = cache.layer(layer)
-            else:
-                ck, cv = cache.layer(layer)
-                k, v = torch.cat((ck, k), dim=2), torch.cat((cv, v), dim=2)
-        attn_mask = None
-        if mask is not None:
-            attn_mask = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]
-        out = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_mask, scale=1.0 / math.sqrt(s.head_dim),
-            enable_gqa=s.num_heads != s.num_kv_heads)
+        out = sdpa(q, *cached_kv(cache, layer, slots, k, v, store), mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 
@@ -179,48 +166,14 @@ class MoEDecoderLM(DecoderLM):
         if self.spec.attention != "block_causal":
             raise ValueError(f"{self.spec.family} attention is {self.spec.attention!r}; only "
                              "block-causal models have a block size")
-        if block_size < 1:
-            raise ValueError(f"block_size must be >= 1, got {block_size}")
-        other = object.__new__(type(self))
-        other.__dict__.update(self.__dict__)
-        other.spec = replace(self.spec, block_size=block_size)
-        return other
+        return self._block_size_view(block_size)
 
-    def forward(
-        self,
-        tokens: Tensor,
-        positions: Tensor,
-        *,
-        cache: BlockKVCache | None = None,
-        slots: Tensor | None = None,
-        mask: Tensor | None = None,
-        store: bool = True,
-        hidden_rows: Tensor | None = None,
-        rope: tuple[Tensor, Tensor] | None = None,
-    ) -> Tensor:
-        """Logits ``[B, N, V]`` (``[B, R, V]`` with ``hidden_rows``); the arguments are those
-        of ``DecoderLM.forward``: tokens / positions ``[B, N]``, an optional cache written at
-        ``slots`` when ``store``, ``mask`` bool ``[B, N, Lk]`` or key mask ``[B, Lk]``
-        (``None``: all visible; block-causal models build their block mask when uncached)."""
-        if tokens.shape != positions.shape or tokens.dim() != 2:
-            raise ValueError(f"tokens {tuple(tokens.shape)} and positions "
-                             f"{tuple(positions.shape)} must both be [B, N]")
-        if slots is None:
-            slots = positions
-        if mask is None and self.spec.attention == "block_causal":
-            if cache is not None:
-                raise ValueError("pass an explicit mask for cached block-causal forwards")
-            mask = block_causal_mask(positions, positions, self.spec.block_size)
-        h = self.embed(tokens)
-        cos, sin = self.rope_tables(positions) if rope is None else rope
+    def _run_layers(self, h: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None,
+                    cache: BlockKVCache | None, slots: Tensor, store: bool) -> Tensor:
+        """The MoE layers and the final norm (``DecoderLM.forward`` does the rest)."""
         for i, layer in enumerate(self.layers):
             h = layer(h, cos, sin, mask, i, cache, slots, store, self.moe_impl)
-        h = self.norm(h)
-        if self.spec.logit_shift:
-            h = torch.cat((h[:, :1], h[:, :-1]), dim=1)
-        if hidden_rows is not None:
-            h = h.index_select(1, hidden_rows)
-        return self.head(h)
+        return self.norm(h)
 
     # ---- checkpoint names: stacked experts <-> one tensor per expert -----------------------
     def checkpoint_layout(self) -> dict[str, tuple[str, int | None]]:
@@ -234,7 +187,7 @@ class MoEDecoderLM(DecoderLM):
                         out[template.format(*m.groups(), e)] = (internal, e)
                     break
             else:
-                out[_checkpoint_name(self.names, internal)] = (internal, None)
+                out[to_checkpoint_name(self.names, internal)] = (internal, None)
         return out
 
     def checkpoint_state_dict(self) -> dict[str, Tensor]:
@@ -244,35 +197,18 @@ class MoEDecoderLM(DecoderLM):
                 for name, (internal, e) in self.checkpoint_layout().items()}
 
 
-_L = r"layers\.(\d+)\."
-_M = "model.layers.{}."
-
-#: Qwen-MoE / OLMoE-style names (LLaDA-MoE, SDAR-MoE); the shared expert, when a family has
-#: one, sits on the decoder layer (``model.layers.{i}.shared_expert``)
+#: Qwen-MoE / OLMoE-style names (LLaDA-MoE, SDAR-MoE): the Qwen names plus the router and,
+#: when a family has one, the shared expert on the decoder layer
+#: (``model.layers.{i}.shared_expert``)
 QWEN_MOE_NAMES = (
-    (r"embed\.weight", "model.embed_tokens.weight"),
-    (_L + r"attn_norm\.weight", _M + "input_layernorm.weight"),
-    (_L + r"attn\.(q|k|v|o)_proj\.(weight|bias)", _M + "self_attn.{}_proj.{}"),
-    (_L + r"attn\.(q|k)_norm\.weight", _M + "self_attn.{}_norm.weight"),
-    (_L + r"mlp_norm\.weight", _M + "post_attention_layernorm.weight"),
-    (_L + r"mlp\.(gate|up|down)_proj\.weight", _M + "mlp.{}_proj.weight"),
+    *QWEN_NAMES,
     (_L + r"mlp\.gate\.weight", _M + "mlp.gate.weight"),
     (_L + r"mlp\.shared\.(gate|up|down)_proj\.weight", _M + "shared_expert.{}_proj.weight"),
-    (r"norm\.weight", "model.norm.weight"),
-    (r"head\.weight", "lm_head.weight"),
 )
 QWEN_MOE_EXPERT_NAMES = (
     (_L + r"mlp\.experts\.(gate|up|down)_proj",
      "model.layers.{0}.mlp.experts.{2}.{1}_proj.weight"),
 )
-
-
-def _checkpoint_name(names: tuple[tuple[str, str], ...], internal: str) -> str:
-    for pattern, template in names:
-        m = re.fullmatch(pattern, internal)
-        if m:
-            return template.format(*m.groups())
-    raise KeyError(f"no checkpoint name for internal parameter {internal!r}")
 
 
 def token_ids(cfg: dict[str, Any], family: str, released_mask: int) -> dict[str, Any]:
