@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_decode.models.base import ModelSpec
-from dllm_decode.models.moe_decoder import ArchSpec, MoEDecoderLM, arch_of, token_ids
+from dllm_decode.models.moe_decoder import ArchSpec, MoEDecoderLM, arch_of, moe_spec, token_config
 from dllm_decode.models.sparse_moe import MoESpec
 
 #: the mask id of the released LLaDA2.x tokenizer (``<|mask|>``; SGLang DLLM_PARAMS)
@@ -87,18 +87,12 @@ def llada2_spec(cfg: dict[str, Any]) -> ModelSpec:
     arch = ArchSpec(moe=moe, moe_layers=tuple(experts is not None and i >= dense
                                               for i in range(layers)),
                     rotary_dim=rotary, fused_qkv=True, out_bias=bool(cfg.get("use_bias", False)))
-    return ModelSpec(
-        family="llada2_moe", vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
-        num_layers=layers, num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
+    return moe_spec(
+        cfg, fam, RELEASED_MASK_ID, arch, family="llada2_moe", head_dim=head_dim,
         intermediate_size=int(cfg["intermediate_size"]),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_length=int(cfg.get("max_position_embeddings", 4096)),
-        qkv_bias=bool(cfg.get("use_qkv_bias", False)),
-        qk_norm=True, attention="block_causal",
+        qkv_bias=bool(cfg.get("use_qkv_bias", False)), qk_norm=True, attention="block_causal",
         block_size=int(cfg.get("block_size", DEFAULT_BLOCK)),
-        extra={"arch": arch}, **token_ids(cfg, fam, RELEASED_MASK_ID),
     )
 
 
@@ -124,8 +118,5 @@ def llada2_config(spec: ModelSpec) -> dict[str, Any]:
         "num_shared_experts": (moe.shared_intermediate_size or 0) // moe.intermediate_size,
         "use_qkv_bias": spec.qkv_bias, "use_bias": arch.out_bias, "use_qk_norm": spec.qk_norm,
         "use_rmsnorm": True, "norm_head": False, "tie_word_embeddings": False,
-        "mask_token_id": spec.mask_token_id, "block_size": spec.block_size,
-        "eos_token_id": spec.eos_token_ids[0] if len(spec.eos_token_ids) == 1
-        else list(spec.eos_token_ids),
-        "pad_token_id": spec.pad_token_id, "use_cache": False,
+        "block_size": spec.block_size, **token_config(spec),
     }

@@ -29,7 +29,9 @@ from dllm_decode.models.moe_decoder import (
     ArchSpec,
     MoEDecoderLM,
     arch_of,
-    token_ids,
+    check_config,
+    moe_spec,
+    token_config,
 )
 from dllm_decode.models.sparse_moe import MoESpec
 
@@ -45,12 +47,8 @@ class LLaDAMoEModel(MoEDecoderLM):
 def llada_moe_spec(cfg: dict[str, Any]) -> ModelSpec:
     """ModelSpec from a LLaDA-MoE ``config.json`` dict (release field names)."""
     fam = "LLaDA-MoE"
-    for key in ("moe_router_enable_expert_bias", "clip_qkv", "rope_scaling",
-                "tie_word_embeddings"):
-        if cfg.get(key):
-            raise ValueError(f"{fam} config {key}={cfg[key]!r} is not supported")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{fam} hidden_act {cfg['hidden_act']!r}: only 'silu' is supported")
+    check_config(cfg, fam, ("moe_router_enable_expert_bias", "clip_qkv", "rope_scaling",
+                            "tie_word_embeddings"))
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     head_dim = hidden // heads
     layers = int(cfg["num_hidden_layers"])
@@ -70,16 +68,11 @@ def llada_moe_spec(cfg: dict[str, Any]) -> ModelSpec:
     arch = ArchSpec(moe=moe, moe_layers=tuple(bool(f) for f in freq),
                     rotary_dim=int(head_dim * float(cfg.get("partial_rotary_factor") or 1.0)),
                     out_bias=bias)
-    return ModelSpec(
-        family="lladamoe", vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
-        num_layers=layers, num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
+    return moe_spec(
+        cfg, fam, RELEASED_MASK_ID, arch, family="lladamoe", head_dim=head_dim,
         intermediate_size=int(cfg.get("dense_intermediate_size") or 1),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
         norm_eps=float(cfg.get("rms_norm_eps", 1e-5)),
-        max_length=int(cfg.get("max_position_embeddings", 4096)), qkv_bias=bias,
         qk_norm=bool(cfg.get("qk_layernorm", True)), attention="bidirectional",
-        extra={"arch": arch}, **token_ids(cfg, fam, RELEASED_MASK_ID),
     )
 
 
@@ -101,8 +94,5 @@ def llada_moe_config(spec: ModelSpec) -> dict[str, Any]:
         "rope_scaling": None, "rms_norm_eps": spec.norm_eps, "qk_layernorm": spec.qk_norm,
         "attention_bias": spec.qkv_bias, "clip_qkv": None,
         "max_position_embeddings": spec.max_length, "vocab_size": spec.vocab_size,
-        "tie_word_embeddings": False, "mask_token_id": spec.mask_token_id,
-        "eos_token_id": spec.eos_token_ids[0] if len(spec.eos_token_ids) == 1
-        else list(spec.eos_token_ids),
-        "pad_token_id": spec.pad_token_id, "use_cache": False,
+        "tie_word_embeddings": False, **token_config(spec),
     }

@@ -224,3 +224,43 @@ def token_ids(cfg: dict[str, Any], family: str, released_mask: int) -> dict[str,
         raise ValueError(f"{family} config.json has no eos_token_id")
     return dict(mask_token_id=int(released_mask if mask is None else mask),
                 eos_token_ids=eos_ids, pad_token_id=cfg.get("pad_token_id"))
+
+
+def token_config(spec: ModelSpec) -> dict[str, Any]:
+    """The ``config.json`` fields ``token_ids`` reads back: mask, EOS (an int when there is
+    one), pad; and ``use_cache: false``."""
+    eos = spec.eos_token_ids
+    return {"mask_token_id": spec.mask_token_id,
+            "eos_token_id": eos[0] if len(eos) == 1 else list(eos),
+            "pad_token_id": spec.pad_token_id, "use_cache": False}
+
+
+def check_config(cfg: dict[str, Any], family: str, unsupported: tuple[str, ...]) -> None:
+    """Raise ``ValueError`` for a config that sets any of ``unsupported`` or an activation
+    other than SiLU."""
+    for key in unsupported:
+        if cfg.get(key):
+            raise ValueError(f"{family} config {key}={cfg[key]!r} is not supported")
+    if cfg.get("hidden_act", "silu") != "silu":
+        raise ValueError(f"{family} hidden_act {cfg['hidden_act']!r}: only 'silu' is supported")
+
+
+def moe_spec(cfg: dict[str, Any], name: str, released_mask: int, arch: ArchSpec,
+             **fields: Any) -> ModelSpec:
+    """``ModelSpec`` of an MoE family's config dict: the Qwen-style fields every MoE config
+    names alike (vocabulary, hidden size, layers, heads, RoPE theta, context length,
+    ``attention_bias``), the token ids (``token_ids``; ``name`` is the family's name in error
+    messages) and ``arch``; ``fields`` gives the rest
+    (``family``, ``head_dim``, ``intermediate_size``, ``norm_eps``, ...) and overrides."""
+    heads = int(cfg["num_attention_heads"])
+    spec: dict[str, Any] = dict(
+        vocab_size=int(cfg["vocab_size"]), hidden_size=int(cfg["hidden_size"]),
+        num_layers=int(cfg["num_hidden_layers"]), num_heads=heads,
+        num_kv_heads=int(cfg.get("num_key_value_heads") or heads),
+        rope_theta=float(cfg.get("rope_theta", 10000.0)),
+        max_length=int(cfg.get("max_position_embeddings", 4096)),
+        qkv_bias=bool(cfg.get("attention_bias", False)), extra={"arch": arch},
+        **token_ids(cfg, name, released_mask),
+    )
+    spec.update(fields)
+    return ModelSpec(**spec)

@@ -27,7 +27,9 @@ from dllm_decode.models.moe_decoder import (
     ArchSpec,
     MoEDecoderLM,
     arch_of,
-    token_ids,
+    check_config,
+    moe_spec,
+    token_config,
 )
 from dllm_decode.models.sparse_moe import MoESpec
 
@@ -45,11 +47,7 @@ class SDARMoEModel(MoEDecoderLM):
 def sdar_moe_spec(cfg: dict[str, Any]) -> ModelSpec:
     """ModelSpec from an SDAR-MoE ``config.json`` dict (Qwen3-MoE field names + SDAR's)."""
     fam = "SDAR-MoE"
-    for key in ("rope_scaling", "tie_word_embeddings", "use_sliding_window"):
-        if cfg.get(key):
-            raise ValueError(f"{fam} config {key}={cfg[key]!r} is not supported")
-    if cfg.get("hidden_act", "silu") != "silu":
-        raise ValueError(f"{fam} hidden_act {cfg['hidden_act']!r}: only 'silu' is supported")
+    check_config(cfg, fam, ("rope_scaling", "tie_word_embeddings", "use_sliding_window"))
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     head_dim = int(cfg.get("head_dim") or hidden // heads)
     layers = int(cfg["num_hidden_layers"])
@@ -65,17 +63,11 @@ def sdar_moe_spec(cfg: dict[str, Any]) -> ModelSpec:
     )
     bias = bool(cfg.get("attention_bias", False))
     arch = ArchSpec(moe=moe, moe_layers=sparse, rotary_dim=head_dim, out_bias=bias)
-    return ModelSpec(
-        family="sdar_moe", vocab_size=int(cfg["vocab_size"]), hidden_size=hidden,
-        num_layers=layers, num_heads=heads,
-        num_kv_heads=int(cfg.get("num_key_value_heads") or heads), head_dim=head_dim,
+    return moe_spec(
+        cfg, fam, RELEASED_MASK_ID, arch, family="sdar_moe", head_dim=head_dim,
         intermediate_size=int(cfg.get("intermediate_size") or 1),
-        rope_theta=float(cfg.get("rope_theta", 10000.0)),
-        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)),
-        max_length=int(cfg.get("max_position_embeddings", 4096)), qkv_bias=bias,
-        qk_norm=True, attention="block_causal",
+        norm_eps=float(cfg.get("rms_norm_eps", 1e-6)), qk_norm=True, attention="block_causal",
         block_size=int(cfg.get("block_size") or DEFAULT_BLOCK),
-        extra={"arch": arch}, **token_ids(cfg, fam, RELEASED_MASK_ID),
     )
 
 
@@ -95,8 +87,5 @@ def sdar_moe_config(spec: ModelSpec) -> dict[str, Any]:
         "attention_bias": spec.qkv_bias, "rope_theta": spec.rope_theta, "rope_scaling": None,
         "rms_norm_eps": spec.norm_eps, "max_position_embeddings": spec.max_length,
         "vocab_size": spec.vocab_size, "tie_word_embeddings": False,
-        "block_size": spec.block_size, "mask_token_id": spec.mask_token_id,
-        "eos_token_id": spec.eos_token_ids[0] if len(spec.eos_token_ids) == 1
-        else list(spec.eos_token_ids),
-        "pad_token_id": spec.pad_token_id, "use_cache": False,
+        "block_size": spec.block_size, **token_config(spec),
     }
