@@ -28,7 +28,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable
 from types import ModuleType
+from typing import TypeVar
 
 import torch
 from torch import Tensor
@@ -37,6 +39,7 @@ from dllm_decode.kernels.common import AttentionOutput, GumbelSample
 from dllm_decode.types import Impl
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 _TRITON_DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 #: environment variable overriding what ``impl="auto"`` resolves to (see ``kernels_env``)
@@ -58,6 +61,30 @@ AUTO_ON_CUDA: dict[str, Impl] = {
 }
 
 
+def _once_per_process(fn: Callable[..., _T]) -> Callable[..., _T]:
+    """``functools.cache`` as a plain dict that ``torch.compile`` traces like any code.
+
+    A model may resolve its impls inside a compiled region (its first forward under
+    ``torch.compile(fullgraph=True)``); Dynamo bypasses an ``lru_cache`` wrapper there, with a
+    warning. Here a call while compiling reads the memo but never fills it (Dynamo never
+    filled the ``lru_cache`` either), so the first eager call still decides (and logs) once;
+    the answer is the same function of the arguments. Keeps ``cache_clear``.
+    """
+    memo: dict[tuple, _T] = {}
+
+    @functools.wraps(fn)
+    def once(*args: object) -> _T:
+        if args in memo:
+            return memo[args]
+        got = fn(*args)
+        if not torch.compiler.is_compiling():
+            memo[args] = got
+        return got
+
+    once.cache_clear = memo.clear  # type: ignore[attr-defined]
+    return once
+
+
 def _backend() -> ModuleType:
     """The Triton backend package, imported on first use."""
     try:
@@ -68,7 +95,7 @@ def _backend() -> ModuleType:
     return backend
 
 
-@functools.cache
+@_once_per_process
 def _auto(device_type: str) -> Impl:
     if device_type != "cuda":
         choice, why = Impl.REFERENCE, f"{device_type} tensors"
@@ -105,7 +132,7 @@ def _require_triton(device: torch.device) -> None:
         raise RuntimeError("impl='triton' cannot launch: Triton found no active GPU driver")
 
 
-@functools.cache
+@_once_per_process
 def _driver_ready() -> bool:
     """``driver_ready`` once per process: every explicit Triton op checks it (per layer, per
     forward), and the driver query costs microseconds of host time each."""
