@@ -5,7 +5,8 @@
 offending tensor in the error. Bundled checkpoints under ``models/assets/<name>`` resolve by
 name (``load_model("tiny-llada")``), Hub ids through the Hub cache (``models.hub``); dtype,
 device and device maps are chosen in ``models.placement``; files are read one tensor at a time
-(``models.weights``).
+(``models.weights``). The family dispatch and the config checks (``parse_spec``,
+``build_model``, ...) are ``models.families``, re-exported here.
 
 Every problem with the files is a ``CheckpointError`` naming the file and the fix: unreadable
 (truncated / corrupt) safetensors, invalid JSON (with line and column), a ``model_type`` whose
@@ -23,23 +24,29 @@ outputs with a reference (the conformance fixtures) can tell.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
-import re
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 from safetensors.torch import save_file
 
-from dllm_decode.memory import check_fits
-from dllm_decode.models.base import DecoderLM, ModelSpec, to_checkpoint_name
-from dllm_decode.models.block import BlockDiffusionModel, sdar_config, sdar_spec
+from dllm_decode.models.base import DecoderLM, to_checkpoint_name
 from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel, is_diffusion_gemma
-from dllm_decode.models.dream import DreamModel, dream_config, dream_spec
-from dllm_decode.models.fastdllm2 import FastDLLMv2Model, fastdllm2_config, fastdllm2_spec
+from dllm_decode.models.families import (  # noqa: F401 (re-exported: dispatch, config checks)
+    ARCHITECTURES,
+    FAMILIES,
+    GENERATION_IDS,
+    build_model,
+    check_config_fits,
+    family_key,
+    family_of,
+    min_parameters,
+    parse_spec,
+    register_auto_config,
+    with_token_ids,
+)
 from dllm_decode.models.gemma_loading import load_diffusion_gemma
 from dllm_decode.models.hub import (
     MODEL_PATTERNS,
@@ -47,9 +54,6 @@ from dllm_decode.models.hub import (
     looks_like_hub_id,
     snapshot,
 )
-from dllm_decode.models.llada import LLaDAModel, llada_config, llada_spec
-from dllm_decode.models.llada2 import LLaDA2MoEModel, llada2_config, llada2_spec
-from dllm_decode.models.llada_moe import LLaDAMoEModel, llada_moe_config, llada_moe_spec
 from dllm_decode.models.moe_decoder import MoEDecoderLM
 from dllm_decode.models.placement import (
     check_dtype_runs,
@@ -59,34 +63,10 @@ from dllm_decode.models.placement import (
     resolve_device,
     resolve_dtype,
 )
-from dllm_decode.models.sdar_moe import SDARMoEModel, sdar_moe_config, sdar_moe_spec
 from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_index
 from dllm_decode.models.weights import check_finite as check_tensor_finite
 
 ASSETS = Path(__file__).parent / "assets"
-
-#: model_type (as written in config.json, case-insensitive) -> (class, spec parser, writer)
-FAMILIES: dict[str, tuple[type[DecoderLM], Callable[[dict], ModelSpec], Callable]] = {
-    "llada": (LLaDAModel, llada_spec, llada_config),
-    "dream": (DreamModel, dream_spec, dream_config),
-    "sdar": (BlockDiffusionModel, sdar_spec, sdar_config),
-    "llada2_moe": (LLaDA2MoEModel, llada2_spec, llada2_config),
-    "fast_dllm_qwen": (FastDLLMv2Model, fastdllm2_spec, fastdllm2_config),
-    "lladamoe": (LLaDAMoEModel, llada_moe_spec, llada_moe_config),
-    "sdar_moe": (SDARMoEModel, sdar_moe_spec, sdar_moe_config),
-}
-#: ``architectures[0]`` -> ``FAMILIES`` key, read before ``model_type`` (LLaDA-MoE's released
-#: config says ``model_type: "llada"`` like dense LLaDA; only its architecture tells them apart)
-ARCHITECTURES: dict[str, str] = {
-    "LLaDA2MoeModelLM": "llada2_moe",
-    "Fast_dLLM_QwenForCausalLM": "fast_dllm_qwen",
-    "LLaDAMoEModelLM": "lladamoe",
-    "LLaDAMoEModel": "lladamoe",
-    "SDARMoeForCausalLM": "sdar_moe",
-}
-#: families whose released config.json lacks the mask id: ``generation_config.json``'s
-#: ``mask_token_id`` is read too (before the family's released default)
-GENERATION_IDS = frozenset({"llada2_moe", "fast_dllm_qwen", "lladamoe", "sdar_moe"})
 
 
 def bundled_models() -> list[str]:
@@ -124,130 +104,6 @@ def read_config(directory: Path) -> dict[str, Any]:
     if not cfg_path.is_file():
         raise FileNotFoundError(f"{directory} has no config.json")
     return read_json(cfg_path)
-
-
-def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
-    """``ModelSpec`` for ``config`` (read from ``where``), checked for internal consistency.
-
-    Raises ``CheckpointError`` for missing / malformed fields, ``hidden_size`` not divisible by
-    the head count, a recorded ``head_dim`` that contradicts it, and token ids (mask, EOS, pad)
-    outside the vocabulary.
-    """
-    _, parse, _ = family_of(config, where)
-    mt = config.get("model_type")
-    try:
-        spec = parse(config)
-    except KeyError as err:
-        raise CheckpointError(f"{where}: model_type {mt!r} needs the field {err.args[0]!r}, "
-                              f"which is missing; is model_type right for this checkpoint? "
-                              f"(supported: {sorted(FAMILIES)})") from None
-    except ZeroDivisionError:
-        raise CheckpointError(f"{where}: the number of attention heads must be >= 1") from None
-    except (TypeError, ValueError) as err:
-        raise CheckpointError(f"{where}: {err}") from None
-    for field, value in (("vocab size", spec.vocab_size), ("hidden size", spec.hidden_size),
-                         ("number of layers", spec.num_layers),
-                         ("number of key/value heads", spec.num_kv_heads),
-                         ("intermediate (MLP) size", spec.intermediate_size),
-                         ("max sequence length", spec.max_length)):
-        if value < 1:
-            raise CheckpointError(f"{where}: the {field} must be >= 1, got {value}")
-    heads, hidden = spec.num_heads, spec.hidden_size
-    explicit_hd = "head_dim" in config and spec.family != "llada"
-    if heads < 1:
-        raise CheckpointError(f"{where}: the number of attention heads must be >= 1, got {heads}")
-    if not explicit_hd and hidden % heads:
-        raise CheckpointError(f"{where}: hidden size {hidden} is not divisible by the number of "
-                              f"attention heads {heads}; fix the head count in the config")
-    recorded = config.get("head_dim")
-    if spec.family == "llada" and recorded is not None and int(recorded) != hidden // heads:
-        raise CheckpointError(f"{where}: n_heads {heads} gives head_dim {hidden // heads}, but "
-                              f"the config records head_dim {recorded}; was n_heads changed?")
-    if spec.head_dim % 2:
-        raise CheckpointError(f"{where}: head_dim {spec.head_dim} must be even (rotary "
-                              "embeddings rotate half of it)")
-    ids = [("mask_token_id", spec.mask_token_id)]
-    ids += [("eos_token_id", e) for e in spec.eos_token_ids]
-    if spec.pad_token_id is not None:
-        ids.append(("pad_token_id", spec.pad_token_id))
-    for name, value in ids:
-        if not 0 <= int(value) < spec.vocab_size:
-            raise CheckpointError(f"{where}: {name} {value} is outside the vocabulary "
-                                  f"[0, {spec.vocab_size}); fix {name} or vocab_size"
-                                  + ("" if name != "mask_token_id" else
-                                     " (or pass load_model(..., mask_token_id=...))"))
-    return spec
-
-
-def min_parameters(spec: ModelSpec) -> int:
-    """A lower bound of the parameter count ``spec`` implies (every family here has at least
-    an embedding ``V x d`` and per layer q / k / v / o projections and a 3-matrix MLP)."""
-    d, hd = spec.hidden_size, spec.head_dim
-    attention = 2 * d * spec.num_heads * hd + 2 * d * spec.num_kv_heads * hd
-    return spec.vocab_size * d + spec.num_layers * (attention + 3 * d * spec.intermediate_size)
-
-
-def check_config_fits(spec: ModelSpec, stored: int, where: Path | str) -> None:
-    """``CheckpointError`` when the config implies more than twice the parameters the weight
-    files hold (``stored`` values, from the headers): checked before any module is built, so
-    absurd sizes (vocabulary 10^12, 10^6 layers) fail here and not in an allocation. The
-    slack keeps the bound safe for families whose layers differ from the dense one assumed
-    by ``min_parameters``; a smaller mismatch is caught tensor by tensor after."""
-    need = min_parameters(spec)
-    if need > 2 * stored:
-        raise CheckpointError(
-            f"{where}: its sizes (vocab {spec.vocab_size}, hidden {spec.hidden_size}, "
-            f"{spec.num_layers} layers, {spec.num_heads} heads, intermediate "
-            f"{spec.intermediate_size}) need at least {need:,} parameters, but the weight files "
-            f"hold {stored:,} values: the config does not describe these weights (check its "
-            f"vocabulary, layer count and sizes)")
-
-
-def build_model(config: dict[str, Any], *, seed: int | None = 0,
-                dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                init_std: float = 0.02) -> DecoderLM:
-    """A model of any family from a config dict, with weights drawn from ``seed``.
-
-    For tests and examples: N(0, init_std^2) matrices, unit norm weights.
-    """
-    cls, _, _ = family_of(config)
-    spec = parse_spec(config, "config")
-    elem = torch.empty((), dtype=dtype).element_size()
-    check_fits(min_parameters(spec) * max(4, elem), "cpu", "building this model's weights",
-               "the config's sizes (vocabulary, layers, hidden / intermediate) are too large")
-    gen = torch.Generator().manual_seed(seed or 0)
-    model = cls(spec)
-    state = {}  # drawn by the released (unfused) tensors, in their order: seeds stay stable
-    for name, p in model.state_dict().items():
-        if name.endswith("norm.weight"):
-            state[name] = torch.ones(p.shape)
-        elif name.endswith("bias"):
-            state[name] = torch.zeros(p.shape)
-        else:
-            state[name] = torch.randn(p.shape, generator=gen) * init_std
-    model.load_state_dict(state)
-    return model.to(device=device, dtype=dtype).eval()
-
-
-def family_key(config: dict[str, Any]) -> str:
-    """The ``FAMILIES`` key of a config: by ``architectures`` when listed in
-    ``ARCHITECTURES``, else by ``model_type`` (lower-cased)."""
-    archs = config.get("architectures") or []
-    for arch in archs if isinstance(archs, list) else [archs]:
-        if arch in ARCHITECTURES:
-            return ARCHITECTURES[arch]
-    return str(config.get("model_type", "")).lower()
-
-
-def family_of(config: dict[str, Any], where: Path | str = "config"
-              ) -> tuple[type[DecoderLM], Callable, Callable]:
-    mt = family_key(config)
-    if mt not in FAMILIES:
-        raise CheckpointError(
-            f"{where}: unknown model_type {config.get('model_type')!r}; supported: "
-            f"{sorted(FAMILIES)}, or architectures {sorted(ARCHITECTURES)}"
-        )
-    return FAMILIES[mt]
 
 
 def _place(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -393,21 +249,6 @@ def fp32_tensors(model: DecoderLM) -> frozenset[str]:
     return frozenset(k for k in model.state_dict() if k.endswith("expert_bias"))
 
 
-def with_token_ids(config: dict[str, Any], directory: Path,
-                   mask_token_id: int | None) -> dict[str, Any]:
-    """``config`` with ``mask_token_id`` set from the argument, or (families in
-    ``GENERATION_IDS`` whose config lacks it) from ``generation_config.json``."""
-    if mask_token_id is not None:
-        return {**config, "mask_token_id": int(mask_token_id)}
-    gen_path = directory / "generation_config.json"
-    if "mask_token_id" in config or family_key(config) not in GENERATION_IDS or \
-            not gen_path.is_file():
-        return config
-    gen = read_json(gen_path)
-    mask = gen.get("mask_token_id", gen.get("mask_id"))
-    return config if mask is None else {**config, "mask_token_id": int(mask)}
-
-
 def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int | None = None,
                config_extra: dict[str, Any] | None = None) -> Path:
     """Write ``config.json`` and safetensors (sharded above ``max_shard_bytes``)."""
@@ -440,17 +281,3 @@ def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int 
     (out / "model.safetensors.index.json").write_text(json.dumps(
         {"metadata": {"total_size": total}, "weight_map": weight_map}, indent=2) + "\n")
     return out
-
-
-def register_auto_config() -> None:
-    """Register the families' config classes with ``transformers.AutoConfig``."""
-    from transformers import AutoConfig, PretrainedConfig
-
-    for model_type in ("llada", "Dream", "sdar", "llada2_moe", "Fast_dLLM_Qwen", "sdar_moe"):
-        name = re.sub(r"\W", "", model_type.capitalize()) + "DecodeConfig"
-        cls = type(name, (PretrainedConfig,), {"model_type": model_type})
-        try:
-            AutoConfig.register(model_type, cls, exist_ok=True)
-        except TypeError:  # older transformers without exist_ok
-            with contextlib.suppress(ValueError):
-                AutoConfig.register(model_type, cls)
