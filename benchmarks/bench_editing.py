@@ -18,12 +18,12 @@ to ``results/testbed_editing.csv``, printing a markdown table.
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from dllm_decode.bench import write_rows
 from dllm_decode.train.testbed import RANDOM_TASKS, TESTBED_GEN_LENGTH, waiting_line_oracle
 from dllm_decode.train.testbed_eval import decode_tasks
 
@@ -98,11 +98,7 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(1)
     rows = run(args.models, args.n, args.seed)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    with open(args.out, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
+    write_rows(rows, Path(args.out))
     print(markdown(rows))
 
 

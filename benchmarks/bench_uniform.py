@@ -26,11 +26,11 @@ prints a markdown table:
 from __future__ import annotations
 
 import argparse
-import csv
 from pathlib import Path
 from typing import Any
 
 from dllm_decode import DiffusionSampler
+from dllm_decode.bench import write_rows
 from dllm_decode.eval.runner import left_pad
 from dllm_decode.models.uniform_oracle import UniformOracle
 from dllm_decode.train.testbed import TESTBED_GEN_LENGTH, TESTBED_TASKS, grade, waiting_line_oracle
@@ -110,11 +110,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=RESULTS / "testbed_uniform.csv")
     args = ap.parse_args()
     rows = run(args.n, args.seeds)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    with args.out.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    write_rows(rows, args.out)
     print(markdown(rows))
 
 

@@ -160,6 +160,16 @@ def write_csv(rows: list[dict], path: Path) -> None:
         w.writerows(rows)
 
 
+def write_rows(rows: list[dict[str, Any]], path: Path) -> None:
+    """``rows`` as a CSV at ``path`` (replaced; parent folders made), columns in the first
+    row's order (the benchmark scripts' result tables; ``write_csv`` appends ``HEADER`` rows)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", newline="") as fh:
+        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+        writer.writeheader()
+        writer.writerows(rows)
+
+
 def add_bench_subcommand(sub: Any) -> None:
     p = sub.add_parser("bench", help="decode benchmark: cache modes vs no cache (CPU ratios)")
     p.add_argument("--batch", type=int, nargs="+", default=[1])
