@@ -9,6 +9,7 @@ fails loudly instead of being reproduced with that setting silently dropped.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, Final
 
@@ -58,6 +59,25 @@ def require_shared(path: Path) -> Path:
     if not path.exists():
         pytest.skip(f"{path} is absent (the ../shared fixtures are not in a user's clone)")
     return path
+
+
+def assert_reference_logits(model: Any, directory: Path,
+                            forward: Callable[[dict[str, Any], torch.Tensor, torch.Tensor],
+                                              torch.Tensor] | None = None) -> None:
+    """Every input of ``directory/logits.json``: the model's fp32 logits within 1e-4 of the
+    reference's, with the same argmax. ``forward(input, ids [1, N], positions [1, N]) ->
+    logits [1, N, V]`` (default: ``model(ids, positions)``) runs under ``no_grad``."""
+    data = json.loads((directory / "logits.json").read_text())
+    for inp in data["inputs"]:
+        ids = torch.tensor([inp["input_ids"]])
+        pos = torch.tensor([inp["positions"]])
+        with torch.no_grad():
+            out = (model(ids, pos) if forward is None else forward(inp, ids, pos))[0]
+        ref = torch.tensor(inp["logits"])
+        if model.logit_shift:  # logits.json holds raw rows: raw[i] predicts token i + 1
+            out, ref = out[1:], ref[:-1]
+        assert (out - ref).abs().max().item() < 1e-4, inp["name"]
+        assert torch.equal(out.argmax(-1), ref.argmax(-1)), inp["name"]
 
 
 def load_cases(family_dir: str) -> list[dict[str, Any]]:

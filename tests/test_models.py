@@ -18,7 +18,7 @@ from dllm_decode.models import (
 )
 from dllm_decode.models.base import block_causal_mask
 from dllm_decode.models.block import BlockDiffusionModel
-from tests.conformance import CONFORMANCE, require_shared
+from tests.conformance import CONFORMANCE, assert_reference_logits, require_shared
 from tests.helpers import tiny_config
 
 FAMILIES = ["llada", "dream", "sdar"]
@@ -27,18 +27,7 @@ FAMILIES = ["llada", "dream", "sdar"]
 @pytest.mark.parametrize("name", ["llada-tiny", "dream-tiny"])
 def test_conformance_logits(name: str) -> None:
     directory = require_shared(CONFORMANCE / name)
-    model = load_model(directory)
-    data = json.loads((directory / "logits.json").read_text())
-    for inp in data["inputs"]:
-        ids = torch.tensor([inp["input_ids"]])
-        pos = torch.tensor([inp["positions"]])
-        with torch.no_grad():
-            out = model(ids, pos)[0]
-        ref = torch.tensor(inp["logits"])
-        if model.logit_shift:  # logits.json holds raw rows: raw[i] predicts token i + 1
-            out, ref = out[1:], ref[:-1]
-        assert (out - ref).abs().max().item() < 1e-4, inp["name"]
-        assert torch.equal(out.argmax(-1), ref.argmax(-1))
+    assert_reference_logits(load_model(directory), directory)
 
 
 @pytest.mark.parametrize("family", FAMILIES)

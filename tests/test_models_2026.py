@@ -12,7 +12,7 @@ import torch
 
 from dllm_decode import DiffusionSampler
 from dllm_decode.models import load_model
-from tests.conformance import llada_settings, load_cases, tensors
+from tests.conformance import assert_reference_logits, llada_settings, load_cases, tensors
 from tests.helpers import lay_out_cache
 from tests.moe_helpers import fixture_mask_id, load_fixture, offline_hub, seeded  # noqa: F401
 
@@ -44,20 +44,14 @@ def test_conformance_logits(name: str, impl: str) -> None:
     directory, model = load_fixture(name)
     cls, attention = FIXTURES[name]
     assert type(model).__name__ == cls and model.attention == attention
-    data = json.loads((directory / "logits.json").read_text())
-    for inp in data["inputs"]:
-        ids = torch.tensor([inp["input_ids"]])
-        pos = torch.tensor([inp["positions"]])
+
+    def forward(inp: dict, ids: torch.Tensor, pos: torch.Tensor) -> torch.Tensor:
         view = _fixture_view(model, inp, ids.shape[1])
         if hasattr(view, "moe_impl"):
             view.moe_impl = impl
-        with torch.no_grad():
-            out = view(ids, pos)[0]
-        ref = torch.tensor(inp["logits"])
-        if model.logit_shift:  # logits.json holds raw rows: raw[i] predicts token i + 1
-            out, ref = out[1:], ref[:-1]
-        assert (out - ref).abs().max().item() < 1e-4, inp["name"]
-        assert torch.equal(out.argmax(-1), ref.argmax(-1)), inp["name"]
+        return view(ids, pos)
+
+    assert_reference_logits(model, directory, forward)
 
 
 @pytest.mark.parametrize("name", FIXTURES)
