@@ -112,3 +112,10 @@ def left_pad_rows(rows: list, pad: int) -> tuple[Any, Any]:
     for i, r in enumerate(rows):
         ids[i, width - len(r):], mask[i, width - len(r):] = r, 1
     return ids, mask
+
+
+def prompt_ids(b: int, p: int, seed: int = 0) -> Any:
+    """Seeded random prompt ids ``[B, P]`` below ``EOS`` (no special token)."""
+    import torch
+
+    return torch.randint(0, EOS, (b, p), generator=torch.Generator().manual_seed(seed))

@@ -23,16 +23,11 @@ from dllm_decode.samplers.contract import (
     StalledPolicyError,
 )
 from dllm_decode.types import StepState
-from tests.helpers import EOS, MASK, left_pad_rows, tiny_gemma, tiny_model
+from tests.helpers import EOS, MASK, left_pad_rows, prompt_ids, tiny_gemma, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODELS = {f: tiny_model(f, seed=5) for f in ("llada", "dream", "sdar")}
-
-
-def _prompt(b: int, p: int, seed: int = 0) -> Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, EOS, (b, p), generator=g)
 
 
 class Poisoned:
@@ -75,7 +70,7 @@ def test_non_finite_logits_raise_naming_step_and_rows(policy, cache, temperature
     sampler = DiffusionSampler(model, policy, cache=cache, gen_length=8, block_length=4,
                                steps=8, temperature=temperature)
     with pytest.raises(NonFiniteLogitsError, match=r"at step 2 in rows \[1\]"):
-        sampler.generate(_prompt(3, 4))
+        sampler.generate(prompt_ids(3, 4))
 
 
 NINE = ["low_confidence", "random", "threshold", "factor", "eb", "entropy_threshold", "sched",
@@ -90,13 +85,13 @@ def test_non_finite_logits_nine_policies_dual_cache_sampling(policy, rows, named
     sampler = DiffusionSampler(model, policy, cache="dual", gen_length=8, block_length=4,
                                steps=8, temperature=0.7)
     with pytest.raises(NonFiniteLogitsError, match=f"at step 0 in rows {named}"):
-        sampler.generate(_prompt(4, 3))
+        sampler.generate(prompt_ids(4, 3))
 
 
 def test_non_finite_logits_at_the_last_step_still_raise() -> None:
     model = Poisoned(MODELS["dream"], math.nan, after=7)
     with pytest.raises(NonFiniteLogitsError, match=r"step 7 in rows \[0, 1\]"):
-        DiffusionSampler(model, "low_confidence", gen_length=8, steps=8).generate(_prompt(2, 3))
+        DiffusionSampler(model, "low_confidence", gen_length=8, steps=8).generate(prompt_ids(2, 3))
 
 
 # ---- 2. the commit contract -----------------------------------------------------------------
@@ -134,7 +129,7 @@ class Cheater:
 def test_under_committing_policy_is_forced_at_block_end() -> None:
     sampler = DiffusionSampler(MODELS["llada"], TopOneOnly(), gen_length=8, block_length=4,
                                steps=4)  # budget 2 per step, the policy commits 1
-    out = sampler.generate(_prompt(2, 3))
+    out = sampler.generate(prompt_ids(2, 3))
     assert (out.answer != MASK).all()
     # steps 0, 1 commit one position each; the block's last step (1, 3) commits the rest
     assert (out.commit_step[:, :4] == 1).sum(1).tolist() == [3, 3]
@@ -146,12 +141,12 @@ def test_policy_committing_nothing_is_named(budgeted) -> None:
     policy = Nothing(uses_budget=budgeted)
     sampler = DiffusionSampler(MODELS["llada"], policy, gen_length=8, block_length=4, steps=8)
     with pytest.raises(StalledPolicyError, match=r"policy 'Nothing' committed nothing"):
-        sampler.generate(_prompt(2, 3))
+        sampler.generate(prompt_ids(2, 3))
 
 
 def test_ineligible_or_malformed_commits_raise() -> None:
     with pytest.raises(PolicyContractError, match="not eligible"):
-        DiffusionSampler(MODELS["llada"], Cheater(), gen_length=4).generate(_prompt(1, 3))
+        DiffusionSampler(MODELS["llada"], Cheater(), gen_length=4).generate(prompt_ids(1, 3))
 
     @dataclass(frozen=True)
     class Floats:
@@ -161,7 +156,7 @@ def test_ineligible_or_malformed_commits_raise() -> None:
             return state.eligible.float()
 
     with pytest.raises(PolicyContractError, match="bool commit mask"):
-        DiffusionSampler(MODELS["llada"], Floats(), gen_length=4).generate(_prompt(1, 3))
+        DiffusionSampler(MODELS["llada"], Floats(), gen_length=4).generate(prompt_ids(1, 3))
 
 
 # ---- 3. parameters validated where they are given -------------------------------------------
@@ -213,7 +208,7 @@ def test_unknown_sampler_field_suggests_the_closest() -> None:
         DiffusionSampler(MODELS["llada"], "low_confidence", gen_lenght=8)
     sampler = DiffusionSampler(MODELS["llada"], "low_confidence", gen_length=4)
     with pytest.raises(ValueError, match="did you mean 'block_length'"):
-        sampler.generate(_prompt(1, 3), blok_length=2)
+        sampler.generate(prompt_ids(1, 3), blok_length=2)
 
 
 @pytest.mark.parametrize("seed", ["abc", 1.5, True, [], [1, "2"], 2**70])
@@ -232,7 +227,7 @@ def test_sampler_fields_reject_wrong_types(field, value) -> None:
 
 # ---- 5. batch invariance --------------------------------------------------------------------
 def _ragged(lengths: list[int], seed: int = 0) -> tuple[Tensor, Tensor, list[Tensor]]:
-    rows = [_prompt(1, n, seed + i)[0] for i, n in enumerate(lengths)]
+    rows = [prompt_ids(1, n, seed + i)[0] for i, n in enumerate(lengths)]
     ids, mask = left_pad_rows(rows, EOS)
     return ids, mask, rows
 
@@ -260,7 +255,7 @@ def test_tiny_sdar_eval_nfe_is_batch_invariant() -> None:
     config = DecodeConfig(model="tiny-sdar", policy="threshold", params=(("tau", 0.9),),
                           cache="none", gen_length=16, block_length=None, steps=None,
                           temperature=0.0, seed=0)
-    prompts = [_prompt(1, n, i)[0].tolist() for i, n in enumerate([5, 7, 10, 13, 8, 6])]
+    prompts = [prompt_ids(1, n, i)[0].tolist() for i, n in enumerate([5, 7, 10, 13, 8, 6])]
     batch = decode(*left_pad(prompts, 0), config)
     for i, p in enumerate(prompts):
         one = decode(*left_pad([p], 0), config)
@@ -294,7 +289,7 @@ def test_uniform_non_finite_logits_are_named() -> None:
 
     model.decode = broken
     with pytest.raises(NonFiniteLogitsError, match=r"in rows \[1\]"):
-        DiffusionSampler(model, "gemma_renoise").generate(_prompt(2, 3), gen_length=8)
+        DiffusionSampler(model, "gemma_renoise").generate(prompt_ids(2, 3), gen_length=8)
 
 
 @dataclass(frozen=True)
@@ -309,7 +304,7 @@ class GreedyAll:
 
 def test_uniform_acceptance_outside_eligible_is_a_contract_error() -> None:
     with pytest.raises(PolicyContractError, match="not eligible"):
-        DiffusionSampler(tiny_gemma(seed=5), GreedyAll()).generate(_prompt(1, 3), gen_length=8)
+        DiffusionSampler(tiny_gemma(seed=5), GreedyAll()).generate(prompt_ids(1, 3), gen_length=8)
 
 
 def test_noise_kind_mismatches_are_refused() -> None:

@@ -18,16 +18,11 @@ from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.editing import MinimalTopK, TokenEditing, llada2_schedule
 from dllm_decode.samplers.contract import PolicyContractError
 from dllm_decode.types import Selection, StepState
-from tests.helpers import EOS, MASK, left_pad_rows, tiny_model
+from tests.helpers import EOS, MASK, left_pad_rows, prompt_ids, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 MODELS = {f: tiny_model(f, seed=5) for f in ("llada", "dream", "sdar")}
-
-
-def _prompt(b: int, p: int, seed: int = 0) -> Tensor:
-    g = torch.Generator().manual_seed(seed)
-    return torch.randint(0, EOS, (b, p), generator=g)
 
 
 class Flipping:
@@ -71,7 +66,7 @@ def test_editing_decodes_meet_the_contract(family, policy, params) -> None:
     model = MODELS[family]
     kw = {} if family == "sdar" else {"block_length": 4}
     sampler = DiffusionSampler(model, policy, debug=True, gen_length=8, **params, **kw)
-    prompt = _prompt(3, 5)
+    prompt = prompt_ids(3, 5)
     out = sampler.generate(prompt)
     _check_contract(out, prompt)
     # every forward counted; a row's NFE is at most its forwards
@@ -84,7 +79,7 @@ def test_edits_are_bounded_per_block_even_when_they_oscillate() -> None:
     post = 3
     sampler = DiffusionSampler(model, "llada21", editing_threshold=0.5, max_post_steps=post,
                                gen_length=8, block_length=4)
-    out = sampler.generate(_prompt(1, 5))
+    out = sampler.generate(prompt_ids(1, 5))
     # per block: at most one step per mask (each commits >= 1) plus the post steps
     assert out.forwards <= 2 * (4 + post)
     assert out.edits_per_step().sum() > 0
@@ -97,7 +92,7 @@ def test_no_edit_threshold_and_no_post_steps_equal_the_base_rule() -> None:
     for family in ("llada", "sdar"):
         model = MODELS[family]
         kw = {} if family == "sdar" else {"block_length": 4}
-        prompt = _prompt(2, 6, seed=1)
+        prompt = prompt_ids(2, 6, seed=1)
         base = DiffusionSampler(model, Threshold(tau=0.6), gen_length=8, **kw).generate(prompt)
         edit = DiffusionSampler(model, TokenEditing(Threshold(tau=0.6), editing_threshold=1.0,
                                                     max_post_steps=0),
@@ -162,7 +157,7 @@ class _Undeclared:
 def test_invalid_edits_are_contract_errors(selector, match) -> None:
     sampler = DiffusionSampler(MODELS["llada"], selector, gen_length=8, block_length=4)
     with pytest.raises(PolicyContractError, match=match):
-        sampler.generate(_prompt(2, 4))
+        sampler.generate(prompt_ids(2, 4))
 
 
 def test_capability_validation() -> None:
@@ -218,7 +213,7 @@ def test_decode_block_padding_is_an_explicit_option() -> None:
     """LLaDA2's padding-block quirk: off by default (exactly G positions decoded); on, the
     last block is decoded in full and cut back to P + G."""
     model = MODELS["sdar"]  # block-causal, blocks of 4
-    prompt = _prompt(2, 5)  # P + G = 13: the last block [12, 16) holds 3 padding positions
+    prompt = prompt_ids(2, 5)  # P + G = 13: the last block [12, 16) holds 3 padding positions
     plain = DiffusionSampler(model, "llada2", gen_length=8, steps=4).generate(prompt)
     padded = DiffusionSampler(model, "llada2", gen_length=8, steps=4,
                               decode_block_padding=True).generate(prompt)
@@ -241,7 +236,7 @@ class _AlwaysEos(Flipping):
 def test_block_eos_stop_ends_rows_after_the_block() -> None:
     model = _AlwaysEos(MODELS["llada"])
     out = DiffusionSampler(model, "threshold", gen_length=8, block_length=4,
-                           block_eos_stop=True).generate(_prompt(1, 3))
+                           block_eos_stop=True).generate(prompt_ids(1, 3))
     assert (out.answer == EOS).all() and out.forwards == 1  # the second block is never run
 
 
@@ -260,7 +255,7 @@ def test_eos_stop_on_commit_checks_only_steps_that_commit_an_eos() -> None:
 def test_editing_step_compiles_whole() -> None:
     """``post_forward`` with edits is captured by ``torch.compile(fullgraph=True)`` (the
     ``eager`` backend checks the capture) and decodes the same tokens, edits and NFE."""
-    prompt = _prompt(2, 5)
+    prompt = prompt_ids(2, 5)
     kw = dict(mode="speed", gen_length=8, block_length=4)
     eager = DiffusionSampler(MODELS["llada"], "llada21", **kw).generate(prompt)
     compiled = DiffusionSampler(MODELS["llada"], "llada21", compile="eager", **kw).generate(prompt)
