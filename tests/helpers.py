@@ -119,3 +119,18 @@ def prompt_ids(b: int, p: int, seed: int = 0) -> Any:
     import torch
 
     return torch.randint(0, EOS, (b, p), generator=torch.Generator().manual_seed(seed))
+
+
+def go_offline(monkeypatch: Any, cache: Path) -> Path:
+    """Point the Hub cache at ``cache``, turn offline mode on and refuse every socket
+    connection (a test that opens one fails)."""
+    import socket
+
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+
+    def no_network(*args: Any, **kwargs: Any) -> None:
+        raise AssertionError("a test tried to open a network connection")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    return cache

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import socket
 from typing import Any
 
 import pytest
@@ -11,6 +10,7 @@ import torch
 
 from dllm_decode.models import build_model, load_model
 from tests.conformance import CONFORMANCE, require_shared
+from tests.helpers import go_offline
 
 MASK, EOS = 63, 62
 
@@ -101,14 +101,7 @@ def load_fixture(name: str):
 @pytest.fixture
 def offline_hub(monkeypatch, tmp_path):
     """An empty Hub cache at ``tmp_path / "hub"``, offline mode on, sockets refused."""
-    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("a test tried to open a network connection")
-
-    monkeypatch.setattr(socket.socket, "connect", no_network)
-    return tmp_path / "hub"
+    return go_offline(monkeypatch, tmp_path / "hub")
 
 
 @pytest.fixture

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import socket
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from dllm_decode.models import build_model, placement, save_model
 from dllm_decode.models import weights as weights_mod
 from dllm_decode.models.hub import HubError, looks_like_hub_id
 from dllm_decode.tokenizer import BUNDLED_TOKENIZER
-from tests.helpers import lay_out_cache, tiny_config
+from tests.helpers import go_offline, lay_out_cache, tiny_config
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -38,14 +37,7 @@ def checkpoint(tmp_path: Path) -> Path:
 def offline_cache(tmp_path: Path, checkpoint: Path, monkeypatch) -> Path:
     cache = tmp_path / "hub"
     lay_out_cache(cache, REPO, checkpoint, commit=COMMIT)
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-    def no_network(*args, **kwargs):
-        raise AssertionError("a test tried to open a network connection")
-
-    monkeypatch.setattr(socket.socket, "connect", no_network)
-    return cache
+    return go_offline(monkeypatch, cache)
 
 
 def logits_of(model, n: int = 10) -> torch.Tensor:
