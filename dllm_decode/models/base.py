@@ -25,6 +25,7 @@ from dllm_decode.models.functional import (  # noqa: F401 (re-exported)
     block_causal_mask,
     cached_kv,
     kernel_attention,
+    qkv_heads,
     rope_cos_sin,
     sdpa,
 )
@@ -148,14 +149,8 @@ class Attention(nn.Module):
         mask (or none) runs the ``kv_write_`` and ``block_attention`` kernels; every other
         forward uses SDPA.
         """
-        spec = self.spec
         b, n, _ = x.shape
-        q = self.q_proj(x).view(b, n, spec.num_heads, spec.head_dim)
-        k = self.k_proj(x).view(b, n, spec.num_kv_heads, spec.head_dim)
-        v = self.v_proj(x).view(b, n, spec.num_kv_heads, spec.head_dim)
-        if spec.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H*, N, D]
+        q, k, v = qkv_heads(self, x)
         q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
         if cache is not None and store and impl is Impl.TRITON and (mask is None or
                                                                      mask.dim() == 2):

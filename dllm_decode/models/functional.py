@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
 from dllm_decode import kernels
 from dllm_decode.types import Impl
@@ -43,6 +43,26 @@ def block_causal_mask(q_pos: Tensor, k_pos: Tensor, block_size: int) -> Tensor:
     is a plain causal mask.
     """
     return (k_pos[:, None, :] // block_size) <= (q_pos[:, :, None] // block_size)
+
+
+def qkv_heads(attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """``x [B, N, hidden]`` -> q ``[B, H, N, D]``, k, v ``[B, H_kv, N, D]`` before RoPE, by
+    ``attn``'s projections: one fused head-major ``qkv_proj`` (``[Q heads | K heads | V
+    heads]``) or ``q_proj`` / ``k_proj`` / ``v_proj``, then the per-head ``q_norm`` /
+    ``k_norm`` when ``attn.spec.qk_norm``."""
+    s = attn.spec
+    b, n, _ = x.shape
+    if hasattr(attn, "qkv_proj"):
+        q, k, v = attn.qkv_proj(x).view(b, n, s.num_heads + 2 * s.num_kv_heads,
+                                        s.head_dim).split(
+            [s.num_heads, s.num_kv_heads, s.num_kv_heads], dim=2)
+    else:
+        q = attn.q_proj(x).view(b, n, s.num_heads, s.head_dim)
+        k = attn.k_proj(x).view(b, n, s.num_kv_heads, s.head_dim)
+        v = attn.v_proj(x).view(b, n, s.num_kv_heads, s.head_dim)
+    if s.qk_norm:
+        q, k = attn.q_norm(q), attn.k_norm(k)
+    return q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H*, N, D]
 
 
 def cached_kv(cache: BlockKVCache | None, layer: int, slots: Tensor, k: Tensor, v: Tensor,

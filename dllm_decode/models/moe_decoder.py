@@ -27,7 +27,7 @@ from torch import Tensor, nn
 from dllm_decode.cache.kv import BlockKVCache
 from dllm_decode.models.base import DecoderLM, ModelSpec, RMSNorm, to_checkpoint_name
 from dllm_decode.models.dream import _L, _M, QWEN_NAMES
-from dllm_decode.models.functional import cached_kv, sdpa
+from dllm_decode.models.functional import cached_kv, qkv_heads, sdpa
 from dllm_decode.models.sparse_moe import DenseMLP, MoEImpl, MoESpec, SparseMoE
 
 
@@ -90,20 +90,9 @@ class MoEAttention(nn.Module):
 
     def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor | None, layer: int,
                 cache: BlockKVCache | None, slots: Tensor, store: bool) -> Tensor:
-        """x ``[B, N, h]`` -> ``[B, N, h]``; ``mask`` as in ``MoEDecoderLM.forward``."""
-        s = self.spec
+        """x ``[B, N, h]`` -> ``[B, N, h]``; ``mask`` as in ``DecoderLM.forward``."""
         b, n, _ = x.shape
-        if hasattr(self, "qkv_proj"):
-            q, k, v = self.qkv_proj(x).view(b, n, s.num_heads + 2 * s.num_kv_heads,
-                                            s.head_dim).split(
-                [s.num_heads, s.num_kv_heads, s.num_kv_heads], dim=2)
-        else:
-            q = self.q_proj(x).view(b, n, s.num_heads, s.head_dim)
-            k = self.k_proj(x).view(b, n, s.num_kv_heads, s.head_dim)
-            v = self.v_proj(x).view(b, n, s.num_kv_heads, s.head_dim)
-        if s.qk_norm:
-            q, k = self.q_norm(q), self.k_norm(k)
-        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)  # [B, H*, N, D]
+        q, k, v = qkv_heads(self, x)
         q, k = apply_partial_rope(q, cos, sin), apply_partial_rope(k, cos, sin)
         out = sdpa(q, *cached_kv(cache, layer, slots, k, v, store), mask)
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
