@@ -10,6 +10,7 @@ from torch import Tensor
 
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
+from dllm_decode.policies.defaults import resolve_policy
 from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers.batching import decode_groups, split_rows
 from dllm_decode.samplers.graph import StepGraphs
@@ -75,8 +76,12 @@ class DiffusionSampler:
         model: any ``DiffusionLM``.
         policy: a preset name (``make_policy``), an import path ``module:Class``, a ``Policy``
             or a selector object (composition by names: ``samplers.build.build_sampler``).
+            ``None`` or ``"default"``: the model family's default preset with its parameters
+            (``policies.defaults.FAMILY_DEFAULTS``: ``low_confidence`` for LLaDA,
+            ``gemma_renoise`` for DiffusionGemma, ...).
         cache: ``"none" | "prefix" | "dual" | "block_causal" | "window"`` (``None``: the
-            policy's ``preferred_cache``, else ``"none"``).
+            family default's cache when no policy is given, else the policy's
+            ``preferred_cache``, else ``"none"``).
         debug: also assert the full commit contract every step (``check_commit``; the cheap
             part, ``samplers.contract``, is enforced on every run).
         compile: run each step's work after the forward (propose, select, contract, stop,
@@ -115,9 +120,12 @@ class DiffusionSampler:
     int per row, which decodes every row as it decodes alone with its seed.
     """
 
-    def __init__(self, model: Any, policy: str | Policy | Any = "low_confidence",
+    def __init__(self, model: Any, policy: str | Policy | Any | None = None,
                  cache: str | None = None, *, debug: bool = False, compile: bool | str = False,
                  graphs: bool | None = None, **params: Any) -> None:
+        # no policy (or "default"): the model family's default preset, its parameters (yours
+        # win) and its cache mode when none is given (``policies.defaults``)
+        policy, params, cache = resolve_policy(model, policy, params, cache)
         cfg_params, self.policy = build_policy(policy, params)  # the one split (with build_sampler)
         self.model = model
         self.noise = noise_kind(model)  # the noise kind's parts of the loop (samplers.noise)
