@@ -75,3 +75,19 @@ def test_no_second_loop() -> None:
         assert _step_loops(module) == [], module.__name__
     assert not hasattr(uniform, "decode_uniform")
     assert "decode_loop(run)" in inspect.getsource(sampler.DiffusionSampler.generate)
+
+
+def test_uniform_runs_the_eager_step_with_a_logged_reason(caplog) -> None:
+    """Static-buffer steps (``samplers.graph``) are not wired for the uniform kind: asked for
+    with ``graphs=True``, the generation runs eagerly and says why (same tokens)."""
+    from dllm_decode.samplers.graph_support import UNIFORM_EAGER
+
+    model = tiny_gemma(steps=4)
+    eager = DiffusionSampler(model, "gemma_renoise", gen_length=8, seed=1)
+    out = eager.generate(PROMPT)
+    assert eager.graph_reason is None  # CPU default: not wanted, nothing to explain
+    asked = DiffusionSampler(model, "gemma_renoise", gen_length=8, seed=1, graphs=True)
+    with caplog.at_level("WARNING", logger="dllm_decode.graph"):
+        again = asked.generate(PROMPT)
+    assert asked.graph_reason == UNIFORM_EAGER and UNIFORM_EAGER in caplog.text
+    assert torch.equal(out.tokens, again.tokens)
