@@ -216,7 +216,8 @@ class UniformRun:
         self.prev_argmax = torch.full_like(self.canvas, -1)
         self.unchanged = torch.zeros(b, dtype=torch.long, device=device)
         self.stopped = torch.zeros(b, dtype=torch.bool, device=device)
-        self.kept = torch.zeros(b, c, dtype=torch.bool, device=device)  # sticky: for good
+        # the pending set (eligible): not yet accepted for good (only ``sticky`` removes any)
+        self.pending = torch.ones(b, c, dtype=torch.bool, device=device)
         self.accepted_once = torch.zeros(b, c, dtype=torch.bool, device=device)
         self.span_mask = torch.zeros(b, self.length, dtype=torch.bool, device=device)
         self.span_mask[:, self.bs:self.be] = True
@@ -231,7 +232,7 @@ class UniformRun:
         if self.last_i == self.steps - 1:
             self._check(self.last_i)
         sel, pad = self.selector, self.pad
-        final = torch.where(self.kept, self.canvas, self.argmax) if sel.sticky else self.argmax
+        final = torch.where(self.pending, self.argmax, self.canvas) if sel.sticky else self.argmax
         final = torch.where(self.finished_seq[:, None], pad, final)
         is_eos = torch.isin(final, self.eos)
         run = is_eos.long().cumsum(1)
@@ -266,75 +267,94 @@ class UniformRun:
     def post(self, logits: Tensor, i: int) -> None:
         """Propose (a sample at the step's temperature) -> select (acceptance) -> commit
         (accepted positions take their sample) and re-noise every other position -> stop."""
-        b, c, v, bs, be, gen = self.b, self.c, self.v, self.bs, self.be, self.gen
-        sel, steps, device, step = self.selector, self.steps, self.device, self.step
-        # non-finite rows are recorded (raised at the next sync) and sampled uniformly
-        # meanwhile, so that torch's sampler never sees NaN
-        bad = ~torch.isfinite(logits).all(-1) | torch.isneginf(logits).all(-1)  # [B, C]
-        self.nonfinite |= bad.any(1)
-        logits = torch.where(bad[..., None], 0.0, logits)
-        temperature = sel.temperature(steps - i, steps, device)
-        proc = logits / temperature
-        probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
-        sample = torch.multinomial(probs.view(-1, v), 1, generator=gen).view(b, c)
-        new_argmax = proc.argmax(-1)
-        prop = _proposal(proc, probs, sample, new_argmax)
-        same = (new_argmax == self.prev_argmax).all(1)
-        canvas, kept, accepted_once = self.canvas, self.kept, self.accepted_once
-        full_canvas = self.tokens.clone()
-        full_canvas[:, bs:be] = canvas
-        # eligible: the canvas's pending positions (not yet accepted for good)
-        eligible = self.span_mask.clone()
-        eligible[:, bs:be] &= ~kept
-        editable = None
-        if not sel.sticky:  # positions accepted at earlier steps of this canvas
-            editable = torch.zeros_like(eligible)
-            editable[:, bs:be] = accepted_once
-        state = StepState(
-            proposal=_widen(prop, full_canvas, bs), eligible=eligible, masked=eligible,
-            editable=editable, block_step=i,
-            fresh=self.span_mask, canvas=full_canvas, step=step, block=self.k, block_start=bs,
-            block_end=be, gen_start=self.p, steps_left=steps - i, budget=None,
-            progress=i / max(steps - 1, 1), generator=gen, forward_start=bs,
-            forward_width=c, logits=proc, rows=torch.arange(bs, be, device=device),
-            extras={"unchanged": torch.where(same, self.unchanged + 1, 0),
-                    "temperature": temperature, "noise_kind": "uniform"})
-        chosen = sel.select(state)
-        self.outside |= (chosen & ~eligible).any(1)
-        accept = chosen[:, bs:be] & ~kept
-        # the positions left unaccepted are re-noised (an edit of those accepted earlier)
-        noise = torch.randint(0, v, (b, c), generator=gen, device=device)
-        new_canvas = torch.where(accept, sample, noise)
-        new_canvas = torch.where(kept, canvas, new_canvas)
-        # rows stopped earlier keep their canvas, argmax and self-conditioning (reference)
-        frozen = self.stopped[:, None]
-        new_argmax = torch.where(frozen, self.argmax, new_argmax)
-        self.canvas = torch.where(frozen, canvas, new_canvas)
-        self.plan.condition(proc, self.stopped)
-        self.unchanged = torch.where((new_argmax == self.prev_argmax).all(1),
-                                     self.unchanged + 1, 0)
-        self.prev_argmax = self.argmax = new_argmax
-        live = accept & ~frozen
-        # an accepted position rewritten (re-noised or re-sampled to another token) is an
-        # edit; commit_step / bits keep each position's first acceptance
-        self.edits.append(accepted_once & ~frozen & (self.canvas != canvas))
-        self.canvas_of.append(self.k)
-        first = live & ~accepted_once
-        self.commit_at[:, bs:be].masked_fill_(first, step)
-        self.commit_prob[:, bs:be] = torch.where(first, prop.prob.double(),
-                                                 self.commit_prob[:, bs:be])
-        self.bits.append(torch.where(first, -prop.prob.double().clamp_min(1e-300).log(), 0.0)
-                         .sum(1))
-        self.accepted_once = accepted_once | live
-        if sel.sticky:
-            self.kept = kept | live
-            self.stopped = self.stopped | self.kept.all(1)
+        proc, sample, new_argmax, prop, temperature = self._propose(logits, i)
+        state = self._state(prop, proc, new_argmax, temperature, i)
+        chosen = self.selector.select(state)
+        self.outside |= (chosen & ~state.eligible).any(1)
+        self._commit(chosen[:, self.bs:self.be] & self.pending, sample, new_argmax, proc, prop)
+        if self.selector.sticky:  # a row whose canvas is all accepted is done
+            self.stopped = self.stopped | ~self.pending.any(1)
         if self.stopper is not None:
             self.stopped = self.stopped | self.stopper.should_stop(state)
         if self.on_step is not None:
             self.on_step(state, chosen)
         self.step += 1
         self.last_i = i
+
+    def _propose(self, logits: Tensor, i: int) -> tuple[Tensor, Tensor, Tensor, Proposal,
+                                                          Tensor]:
+        """``logits [B, C, V]`` -> the tempered logits ``[B, C, V]``, one sample per position
+        (the step's ``multinomial``), the argmax, the ``Proposal`` ``[B, C]`` and the step's
+        temperature."""
+        b, c, v = self.b, self.c, self.v
+        # non-finite rows are recorded (raised at the next sync) and sampled uniformly
+        # meanwhile, so that torch's sampler never sees NaN
+        bad = ~torch.isfinite(logits).all(-1) | torch.isneginf(logits).all(-1)  # [B, C]
+        self.nonfinite |= bad.any(1)
+        logits = torch.where(bad[..., None], 0.0, logits)
+        temperature = self.selector.temperature(self.steps - i, self.steps, self.device)
+        proc = logits / temperature
+        probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
+        sample = torch.multinomial(probs.view(-1, v), 1, generator=self.gen).view(b, c)
+        argmax = proc.argmax(-1)
+        return proc, sample, argmax, _proposal(proc, probs, sample, argmax), temperature
+
+    def _state(self, prop: Proposal, proc: Tensor, argmax: Tensor, temperature: Tensor,
+               i: int) -> StepState:
+        """The step's ``StepState`` over the canvas ``[B, L]``: eligible = the pending
+        positions of the canvas; editable = positions accepted at earlier steps (``None``
+        with ``sticky``, which never rewrites)."""
+        bs, be, steps = self.bs, self.be, self.steps
+        full_canvas = self.tokens.clone()
+        full_canvas[:, bs:be] = self.canvas
+        eligible = self.span_mask.clone()
+        eligible[:, bs:be] &= self.pending
+        editable = None
+        if not self.selector.sticky:
+            editable = torch.zeros_like(eligible)
+            editable[:, bs:be] = self.accepted_once
+        same = (argmax == self.prev_argmax).all(1)
+        return StepState(
+            proposal=_widen(prop, full_canvas, bs), eligible=eligible, masked=eligible,
+            editable=editable, block_step=i,
+            fresh=self.span_mask, canvas=full_canvas, step=self.step, block=self.k,
+            block_start=bs, block_end=be, gen_start=self.p, steps_left=steps - i, budget=None,
+            progress=i / max(steps - 1, 1), generator=self.gen, forward_start=bs,
+            forward_width=self.c, logits=proc, rows=torch.arange(bs, be, device=self.device),
+            extras={"unchanged": torch.where(same, self.unchanged + 1, 0),
+                    "temperature": temperature, "noise_kind": "uniform"})
+
+    def _commit(self, accept: Tensor, sample: Tensor, argmax: Tensor, proc: Tensor,
+                prop: Proposal) -> None:
+        """Accepted positions ``accept [B, C]`` take their sample, every other pending one a
+        fresh ``randint`` token (re-noising: an edit where it was accepted before); rows
+        stopped earlier keep their canvas, argmax and self-conditioning (reference). Records
+        the first acceptances (``commit_step``, bits) and the edits."""
+        b, c, bs, be, canvas = self.b, self.c, self.bs, self.be, self.canvas
+        noise = torch.randint(0, self.v, (b, c), generator=self.gen, device=self.device)
+        new_canvas = torch.where(accept, sample, noise)
+        new_canvas = torch.where(self.pending, new_canvas, canvas)
+        frozen = self.stopped[:, None]
+        argmax = torch.where(frozen, self.argmax, argmax)
+        self.canvas = torch.where(frozen, canvas, new_canvas)
+        self.plan.condition(proc, self.stopped)
+        self.unchanged = torch.where((argmax == self.prev_argmax).all(1), self.unchanged + 1, 0)
+        self.prev_argmax = self.argmax = argmax
+        live = accept & ~frozen
+        accepted_once = self.accepted_once
+        # an accepted position rewritten (re-noised or re-sampled to another token) is an
+        # edit; commit_step / bits keep each position's first acceptance
+        self.edits.append(accepted_once & ~frozen & (self.canvas != canvas))
+        self.canvas_of.append(self.k)
+        first = live & ~accepted_once
+        self.commit_at[:, bs:be].masked_fill_(first, self.step)
+        self.commit_prob[:, bs:be] = torch.where(first, prop.prob.double(),
+                                                 self.commit_prob[:, bs:be])
+        self.bits.append(torch.where(first, -prop.prob.double().clamp_min(1e-300).log(), 0.0)
+                         .sum(1))
+        self.accepted_once = accepted_once | live
+        if self.selector.sticky:  # accepted for good: no longer pending
+            self.pending = self.pending & ~live
 
     # ---- after the loop ----
 
