@@ -76,6 +76,38 @@ def test_resolve_policy_keeps_the_users_choices() -> None:
     assert family_defaults(tiny_model("llada")).policy == "low_confidence"
 
 
+@pytest.mark.parametrize("name", [*sorted(FAMILIES), "llada"])
+def test_sampler_without_a_policy_takes_the_family_default(name: str) -> None:
+    """``DiffusionSampler(model)`` / ``build_sampler(model)`` with no policy: the family's
+    preset, its parameters and cache (``low_confidence`` on LLaDA, ``gemma_renoise`` on
+    DiffusionGemma, where ``low_confidence`` is refused); the user's own settings win; the
+    same tokens as naming the default."""
+    from dllm_decode.samplers.build import build_sampler
+
+    model = tiny_model("llada") if name == "llada" else family_model(name, 40)
+    want = family_defaults(model)
+    sampler = DiffusionSampler(model)
+    assert sampler.policy.name == want.policy
+    assert build_sampler(model).policy.name == want.policy
+    cache = want.cache or sampler.capabilities.selector.preferred_cache or "none"
+    assert sampler.config.cache.value == cache
+    for key, value in want.params.items():
+        assert getattr(sampler.config, key) == value
+    assert DiffusionSampler(model, "default").policy.name == want.policy
+    if want.params:  # the user's parameters win over the family's
+        key = next(iter(want.params))
+        flipped = not want.params[key]
+        assert getattr(DiffusionSampler(model, **{key: flipped}).config, key) == flipped
+    prompt = torch.tensor([[5, 6, 7]])
+    named = DiffusionSampler(model, want.policy, want.cache, **want.params)
+    kw = dict(gen_length=8, seed=2)
+    a, b = sampler.generate(prompt, **kw), named.generate(prompt, **kw)
+    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.nfe, b.nfe)
+    if name == "gemma":  # the old hard-coded default is a mask policy: refused here
+        with pytest.raises(ValueError, match="uniform-noise"):
+            DiffusionSampler(model, "low_confidence")
+
+
 @pytest.mark.parametrize("name", sorted(FAMILIES))
 def test_generate_text_with_the_family_default(tok, name: str) -> None:
     """Chat template applied, the family's preset, a gen_length that is not a multiple of the

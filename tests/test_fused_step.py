@@ -21,7 +21,7 @@ from dllm_decode import DiffusionSampler
 from dllm_decode.policies import Threshold, TopK
 from dllm_decode.policies.compose import compose
 from dllm_decode.policies.registry import Policy
-from dllm_decode.samplers import sampler as sampler_module
+from dllm_decode.samplers import mask_run as sampler_module  # the mask loop's step
 from dllm_decode.samplers.contract import NonFiniteLogitsError
 from dllm_decode.types import ScoreKind
 from tests.helpers import EOS, MASK, left_pad_rows, tiny_model

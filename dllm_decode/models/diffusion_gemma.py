@@ -15,7 +15,8 @@ twice with the same weights:
 
 Logits are ``tanh(head(h) / 30) * 30`` in fp32 (``final_logit_softcapping``), the head tied to
 the embedding. There is no mask token: the model declares ``noise_kind = "uniform"`` and the
-sampler starts each canvas from uniformly random tokens (``samplers.uniform``).
+sampler starts each canvas from uniformly random tokens (``samplers.uniform``, run by the one
+decode loop with the encoder-decoder cache plan ``cache.canvas``).
 
 Text only: the vision tower's tensors (``model.encoder.vision_tower.*``,
 ``model.encoder.embed_vision.*``) are skipped when loading, and an image placeholder token in

@@ -15,9 +15,10 @@ either), averaged over a uniform grid ``ALPHAS``; positions of earlier canvases 
 logits). It is the uniform counterpart of the mask oracle's exact conditionals: errors a
 decoder makes against it come from decoding, not from the model. Self-conditioning is ignored.
 
-Interface: the parts of ``models.diffusion_gemma.DiffusionGemmaModel`` that
-``samplers.uniform`` uses (``noise_kind``, ``canvas_length``, ``new_cache``, ``encode``,
-``decode``). Host-side Python per row (it parses prompts), as the mask oracle.
+Interface: the parts of ``models.diffusion_gemma.DiffusionGemmaModel`` that the uniform noise
+kind uses (``samplers.uniform``, ``cache.canvas``: ``noise_kind``, ``canvas_length``,
+``new_cache``, ``encode``, ``decode``). Host-side Python per row (it parses prompts), as the
+mask oracle.
 """
 
 from __future__ import annotations

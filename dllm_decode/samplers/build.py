@@ -5,18 +5,20 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from dllm_decode.policies.defaults import resolve_policy
 from dllm_decode.samplers.params import build_policy
 from dllm_decode.samplers.sampler import DiffusionSampler
 
 
-def build_sampler(model: Any, policy: Any = "low_confidence", *, stopper: Any = None,
+def build_sampler(model: Any, policy: Any = None, *, stopper: Any = None,
                   truncator: Any = None, cache: str | None = None,
                   params: Mapping[str, Any] | None = None, debug: bool = False) -> DiffusionSampler:
     """``DiffusionSampler(model, compose(policy, stopper, truncator, ...), cache, ...)``.
 
     Args:
         model: any ``DiffusionLM``.
-        policy: preset name, import path ``module:Class``, ``Policy`` or selector object.
+        policy: preset name, import path ``module:Class``, ``Policy`` or selector object
+            (``None`` / ``"default"``: the model family's default, ``policies.defaults``).
         stopper, truncator: ``None``, a name, an import path or an object (see
             ``policies.compose``).
         cache: cache mode (``None``: the policy's preferred one, else ``"none"``).
@@ -24,5 +26,6 @@ def build_sampler(model: Any, policy: Any = "low_confidence", *, stopper: Any = 
             and policy parameters (``tau``, ``stopper.tau_low``, ``truncator.eos_token_ids``),
             split and checked by ``samplers.params.build_policy`` (as ``DiffusionSampler`` does).
     """
+    policy, params, cache = resolve_policy(model, policy, params, cache)
     config, built = build_policy(policy, params, stopper=stopper, truncator=truncator)
     return DiffusionSampler(model, built, cache=cache, debug=debug, **config)

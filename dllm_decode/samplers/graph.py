@@ -49,7 +49,7 @@ from torch import Tensor
 
 from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.samplers.graph_check import Recorder, ReplayCheck
-from dllm_decode.samplers.graph_support import unsupported, wanted
+from dllm_decode.samplers.graph_support import runs_eagerly, unsupported, wanted
 from dllm_decode.samplers.static_step import (
     Buffers,
     StepKey,
@@ -386,10 +386,7 @@ def graph_run(sampler: Any, plan: ForwardPlan, parts: StepParts, memory: Any, ca
     why = unsupported(plan=plan, cfg=cfg, caps=caps, parts=bound, on_step=on_step,
                       debug=sampler.debug, compile=sampler.compile)
     if why is not None:
-        sampler.graph_reason = why
-        log = logger.warning if sampler.graphs else logger.info
-        log("policy %r, cache %r: steps run eagerly (no CUDA graphs): %s",
-            sampler.policy.name, cfg.cache.value, why)
+        runs_eagerly(sampler, cfg, why)
         return None
     kind = canvas.device.type
     if sampler.step_graphs is None or sampler.step_graphs.device not in (None, kind):

@@ -9,8 +9,9 @@ per-row shapes fall back to the eager loop with the reason (``unsupported``).
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+from typing import Any, Final
 
 import torch
 
@@ -37,6 +38,12 @@ def graph_safe(part: Any) -> bool:
         return not part.alg_temp and part.score is not ScoreKind.RANDOM
     return type(part) in GRAPH_SAFE
 
+
+logger = logging.getLogger("dllm_decode.graph")
+
+#: why a uniform-noise generation (DiffusionGemma) always runs the eager step
+UNIFORM_EAGER: Final = ("uniform-noise decoding (its encoder-decoder forward, per-step "
+                        "sampling and re-noising) is not wired into the static step")
 
 #: environment variable: ``0`` turns the CUDA default off (``graphs=None``)
 ENV_VAR = "DLLM_DECODE_GRAPHS"
@@ -82,3 +89,20 @@ def unsupported(*, plan: ForwardPlan, cfg: Any, caps: Any, parts: tuple[Any, Any
             return (f"{type(part).__name__} is not declared graph-safe "
                     "(samplers.graph_support.GRAPH_SAFE)")
     return None
+
+
+def runs_eagerly(sampler: Any, cfg: Any, why: str) -> None:
+    """Record and log why ``sampler``'s generation runs the eager step (``graph_reason``; a
+    warning when ``graphs=True`` asked for the static step, else info)."""
+    sampler.graph_reason = why
+    log = logger.warning if sampler.graphs else logger.info
+    log("policy %r, cache %r: steps run eagerly (no CUDA graphs): %s",
+        sampler.policy.name, cfg.cache.value, why)
+
+
+def eager_noise_kind(sampler: Any, cfg: Any, device: torch.device) -> None:
+    """A uniform-noise generation: the eager step, with the reason where the static step
+    was wanted (``wanted``); ``graph_reason`` ``None`` otherwise."""
+    sampler.graph_reason = None
+    if wanted(sampler.graphs, device):
+        runs_eagerly(sampler, cfg, UNIFORM_EAGER)

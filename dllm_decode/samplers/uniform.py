@@ -1,23 +1,28 @@
-"""The decode loop's uniform-noise branch: canvases of random tokens, accepted or re-noised.
+"""The uniform noise kind's part of the one decode loop (``samplers.loop``): ``UniformRun``.
 
-``DiffusionSampler.generate`` runs this for models with ``noise_kind == "uniform"``
-(DiffusionGemma). It is the same loop shape as the mask loop (blocks -> steps -> forward ->
-propose -> ``StepState`` -> select -> stop -> commit) with the same policy protocols
-(``select(state)``, ``should_stop(state)``, declared ``Capabilities``); what differs is what a
-block and a commit mean (``policies.renoise``):
+``DiffusionSampler.generate`` runs ``samplers.loop.decode_loop`` over a ``UniformRun`` for
+models with ``noise_kind == "uniform"`` (DiffusionGemma): the same blocks -> steps -> forward ->
+propose -> ``StepState`` -> select -> stop -> commit loop as for mask models, with the same
+policy protocols (``select(state)``, ``should_stop(state)``, declared ``Capabilities``); what
+the noise kind defines is what a block, eligibility and a commit mean (``policies.renoise``):
 
-* a **block** is one canvas of ``model.canvas_length`` tokens; before it the model's encoder
-  appends the prompt (first canvas) or the previous finished canvas to its K/V cache; the
-  canvas starts as ``randint(0, V)``;
-* a **step**: decoder forward with the previous step's tempered logits as self-conditioning;
-  proposal = a sample from ``softmax(logits / t)`` (``t`` from the ``Renoise`` schedule) with
-  its probability, entropy, margins and the argmax; the selector's accepted positions take
-  their sample and every other position a fresh random token (re-noising);
-* a canvas **ends** when the stopper fires for every row (rows that stop earlier are frozen, as
-  the reference freezes them), when every position is accepted (``sticky``), or at the step
-  budget; it then takes the last step's argmax (``sticky``: accepted tokens stay). Rows whose
-  canvas holds an EOS are finished: later positions become ``pad_token_id``, and decoding stops
-  once every row is finished.
+* a **block** is one canvas of ``model.canvas_length`` tokens; at its start the
+  encoder-decoder cache plan (``cache.canvas.CanvasPlan``) appends the prompt (first canvas)
+  or the previous finished canvas to the model's K/V cache; the canvas starts as
+  ``randint(0, V)``;
+* a **step**: the plan's decoder forward, self-conditioned on the previous step's tempered
+  logits (state the plan carries); proposal = a sample from ``softmax(logits / t)`` (``t``
+  from the ``Renoise`` schedule) with its probability, entropy, margins and the argmax;
+  **eligible** = the canvas's pending positions (not yet accepted for good: the whole canvas
+  in the reference, which re-decides every step; ``sticky``: not yet accepted); the selector's
+  accepted positions are committed with their sample and every other position is re-noised
+  with a fresh random token (re-noising a position accepted earlier is an edit, declared by
+  ``Renoise``'s ``Capabilities(edits=True)`` and recorded in ``Generation.edits``);
+* **termination**: a canvas ends when the stopper fires for every row (rows that stop
+  earlier are frozen, as the reference freezes them), when every position is accepted
+  (``sticky``), or at the step budget; it then takes the last step's argmax (``sticky``:
+  accepted tokens stay). Rows whose canvas holds an EOS are finished: later positions become
+  ``pad_token_id``, and decoding stops once every row is finished.
 
 Random draws follow the reference (transformers 5.24 ``DiffusionGemmaGenerationMixin``), from
 one ``torch.Generator`` seeded with ``seed`` on the model's device: per canvas one
@@ -27,15 +32,11 @@ counts the decoder forwards while the row is neither stopped in its canvas nor f
 encoder's cache fills are not counted (as in the reference).
 
 Host syncs: one per step with a stopper or ``sticky`` ("is every row's canvas decided?",
-which also reads the contract flags), else one at a canvas's last step (the contract flags);
-one per canvas for the EOS check. The contract (``samplers.contract`` error classes): non-finite
-logits (recorded per row, sampled uniformly meanwhile so that ``multinomial`` never sees NaN)
-and accepted positions outside ``eligible`` raise at the next sync, naming the rows.
-
-This is a separate step loop from the mask loop's body (cache plans, ``ProposalMaker``,
-``StepGuard``, ``EditTracker``): DiffusionGemma's encoder + self-conditioned decoder forward is
-not a ``DecoderLM`` forward any cache plan speaks. Folding it into the mask loop (a "pending"
-set in place of ``canvas == mask_id``, an encoder-decoder cache plan) is left to do.
+which also reads the contract flags; the loop's ``sync`` reads it before the next step),
+else one after a canvas's last step (the contract flags); one per canvas for the EOS check.
+The contract (``samplers.contract`` error classes): non-finite logits (recorded per row,
+sampled uniformly meanwhile so that ``multinomial`` never sees NaN) and accepted positions
+outside ``eligible`` raise at the next sync, naming the rows.
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.cache.canvas import CanvasPlan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.capabilities import policy_capabilities
 from dllm_decode.policies.registry import Policy
@@ -154,151 +156,222 @@ def _raise_if(flags: list, nonfinite: Tensor, outside: Tensor, step: int, name: 
             "state.eligible")
 
 
-def decode_uniform(model: Any, selector: Renoise, stopper: Any, prompt: Tensor, valid: Tensor,
-                   cfg: SamplerConfig, name: str,
-                   on_step: Callable[[StepState, Tensor], None] | None = None) -> Generation:
-    """Decode ``cfg.gen_length`` tokens after ``prompt [B, P]`` (``valid [B, P]``, False =
-    left padding) with a bound ``Renoise`` selector and an optional bound stopper.
 
-    Returns a ``Generation``: ``tokens [B, P + G]`` (positions of canvases never decoded, and
-    everything after a row's first EOS, hold ``pad_token_id``), per-row NFE, ``commit_step``
-    = the step each position was first accepted at (-1: only the final argmax set it),
-    ``edits [B, steps, G]`` = accepted positions each step rewrote (re-noised or re-sampled to
-    another token; ``None`` with ``sticky``, which never rewrites)."""
-    c, n_canvas, budget = check_uniform_config(model, cfg)
-    steps = budget or int(selector.max_denoising_steps)
-    b, p = prompt.shape
-    g = cfg.gen_length
-    length = p + n_canvas * c
-    device = prompt.device
-    v = int(model.vocab_size)
-    pad = model.pad_token_id if model.pad_token_id is not None else model.eos_token_ids[0]
-    eos_ids = model.eos_token_ids if selector.eos_token_ids is None else selector.eos_token_ids
-    eos = torch.tensor(eos_ids or (-1,), device=device)
-    gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)
-    cache = model.new_cache(b, length)
-    model.encode(prompt, cache, valid)
+class UniformRun:
+    """One generation of a uniform-noise model (``samplers.loop.DecodeRun``): decode
+    ``cfg.gen_length`` tokens after ``prompt [B, P]`` (``valid [B, P]``, False = left padding)
+    with a bound ``Renoise`` selector and an optional bound stopper.
 
-    tokens = torch.cat([prompt, torch.full((b, n_canvas * c), pad, device=device)], 1)
-    commit_at = torch.full((b, length), -1, dtype=torch.long, device=device)
-    commit_prob = torch.ones(b, length, dtype=torch.float64, device=device)
-    finished_seq = torch.zeros(b, dtype=torch.bool, device=device)
-    nfe = torch.zeros(b, dtype=torch.long, device=device)
-    outside = torch.zeros(b, dtype=torch.bool, device=device)  # accepted outside eligible
-    nonfinite = torch.zeros(b, dtype=torch.bool, device=device)
-    step = forwards = 0
-    bits: list[Tensor] = []
-    edits: list[Tensor] = []  # [B, C] per step: accepted positions rewritten
-    canvas_of: list[int] = []  # the canvas index of each step
-    sync = stopper is not None or selector.sticky
-    for k in range(n_canvas):
-        bs, be = p + k * c, p + (k + 1) * c
-        canvas = torch.randint(0, v, (b, c), generator=gen, device=device)
-        argmax = canvas
-        sc: Tensor | None = None
-        prev_argmax = torch.full_like(canvas, -1)
-        unchanged = torch.zeros(b, dtype=torch.long, device=device)
-        stopped = torch.zeros(b, dtype=torch.bool, device=device)
-        kept = torch.zeros(b, c, dtype=torch.bool, device=device)  # sticky: accepted for good
-        accepted_once = torch.zeros(b, c, dtype=torch.bool, device=device)
-        span_mask = torch.zeros(b, length, dtype=torch.bool, device=device)
-        span_mask[:, bs:be] = True
-        for i in range(steps):
-            nfe += (~(stopped | finished_seq)).long()
-            logits = model.decode(canvas, cache, sc)
-            forwards += 1
-            # non-finite rows are recorded (raised at the next sync) and sampled uniformly
-            # meanwhile, so that torch's sampler never sees NaN
-            bad = ~torch.isfinite(logits).all(-1) | torch.isneginf(logits).all(-1)  # [B, C]
-            nonfinite |= bad.any(1)
-            logits = torch.where(bad[..., None], 0.0, logits)
-            proc = logits / selector.temperature(steps - i, steps, device)
-            probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
-            sample = torch.multinomial(probs.view(-1, v), 1, generator=gen).view(b, c)
-            new_argmax = proc.argmax(-1)
-            prop = _proposal(proc, probs, sample, new_argmax)
-            same = (new_argmax == prev_argmax).all(1)
-            full_canvas = tokens.clone()
-            full_canvas[:, bs:be] = canvas
-            eligible = span_mask & ~torch.cat(
-                [torch.zeros(b, bs, dtype=torch.bool, device=device), kept,
-                 torch.zeros(b, length - be, dtype=torch.bool, device=device)], 1)
-            editable = None
-            if not selector.sticky:  # positions accepted at earlier steps of this canvas
-                editable = torch.zeros_like(eligible)
-                editable[:, bs:be] = accepted_once
-            state = StepState(
-                proposal=_widen(prop, full_canvas, bs), eligible=eligible, masked=eligible,
-                editable=editable, block_step=i,
-                fresh=span_mask, canvas=full_canvas, step=step, block=k, block_start=bs,
-                block_end=be, gen_start=p, steps_left=steps - i, budget=None,
-                progress=i / max(steps - 1, 1), generator=gen, forward_start=bs,
-                forward_width=c, logits=proc, rows=torch.arange(bs, be, device=device),
-                extras={"unchanged": torch.where(same, unchanged + 1, 0), "temperature":
-                        selector.temperature(steps - i, steps, device), "noise_kind": "uniform"})
-            chosen = selector.select(state)
-            outside |= (chosen & ~eligible).any(1)
-            accept = chosen[:, bs:be] & ~kept
-            noise = torch.randint(0, v, (b, c), generator=gen, device=device)
-            new_canvas = torch.where(accept, sample, noise)
-            new_canvas = torch.where(kept, canvas, new_canvas)
-            prev_canvas = canvas
-            # rows stopped earlier keep their canvas, argmax and self-conditioning (reference)
-            frozen = stopped[:, None]
-            new_argmax = torch.where(frozen, argmax, new_argmax)
-            canvas = torch.where(frozen, canvas, new_canvas)
-            sc = proc if sc is None else torch.where(frozen[..., None], sc, proc)
-            unchanged = torch.where((new_argmax == prev_argmax).all(1), unchanged + 1, 0)
-            prev_argmax = argmax = new_argmax
-            live = accept & ~frozen
-            # an accepted position rewritten (re-noised or re-sampled to another token) is an
-            # edit; commit_step / bits keep each position's first acceptance
-            edited = accepted_once & ~frozen & (canvas != prev_canvas)
-            edits.append(edited)
-            canvas_of.append(k)
-            first = live & ~accepted_once
-            commit_at[:, bs:be].masked_fill_(first, step)
-            commit_prob[:, bs:be] = torch.where(first, prop.prob.double(), commit_prob[:, bs:be])
-            bits.append(torch.where(first, -prop.prob.double().clamp_min(1e-300).log(), 0.0)
-                        .sum(1))
-            accepted_once = accepted_once | live
-            if selector.sticky:
-                kept = kept | live
-                stopped = stopped | kept.all(1)
-            if stopper is not None:
-                stopped = stopped | stopper.should_stop(state)
-            if on_step is not None:
-                on_step(state, chosen)
-            step += 1
-            # the one host sync per step: is every row's canvas decided? (and the contract)
-            if sync or i == steps - 1:
-                flags = torch.stack([(stopped | finished_seq).all(), nonfinite.any(),
-                                     outside.any()]).tolist()
-                _raise_if(flags, nonfinite, outside, step - 1, name)
-                if sync and flags[0]:
-                    break
-        final = torch.where(kept, canvas, argmax) if selector.sticky else argmax
-        final = torch.where(finished_seq[:, None], pad, final)
-        # rows with an EOS in this canvas are finished: every later position becomes pad
-        is_eos = torch.isin(final, eos)
+    ``finish`` returns a ``Generation``: ``tokens [B, P + G]`` (positions of canvases never
+    decoded, and everything after a row's first EOS, hold ``pad_token_id``), per-row NFE,
+    ``commit_step`` = the step each position was first accepted at (-1: only the final argmax
+    set it), ``edits [B, steps, G]`` = accepted positions each step rewrote (re-noised or
+    re-sampled to another token; ``None`` with ``sticky``, which never rewrites)."""
+
+    def __init__(self, model: Any, selector: Renoise, stopper: Any, prompt: Tensor,
+                 valid: Tensor, cfg: SamplerConfig, name: str,
+                 on_step: Callable[[StepState, Tensor], None] | None = None) -> None:
+        c, self.n_blocks, budget = check_uniform_config(model, cfg)
+        self.selector, self.stopper, self.name, self.on_step = selector, stopper, name, on_step
+        self.steps = budget or int(selector.max_denoising_steps)
+        b, p = prompt.shape
+        self.b, self.p, self.c, self.g = b, p, c, cfg.gen_length
+        length = self.length = p + self.n_blocks * c
+        device = self.device = prompt.device
+        self.v = int(model.vocab_size)
+        pad = self.pad = (model.pad_token_id if model.pad_token_id is not None
+                          else model.eos_token_ids[0])
+        eos_ids = model.eos_token_ids if selector.eos_token_ids is None else selector.eos_token_ids
+        self.eos = torch.tensor(eos_ids or (-1,), device=device)
+        self.gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)
+        self.plan = CanvasPlan(model, prompt, valid, length)
+
+        self.tokens = torch.cat([prompt, torch.full((b, self.n_blocks * c), pad,
+                                                    device=device)], 1)
+        self.commit_at = torch.full((b, length), -1, dtype=torch.long, device=device)
+        self.commit_prob = torch.ones(b, length, dtype=torch.float64, device=device)
+        self.finished_seq = torch.zeros(b, dtype=torch.bool, device=device)
+        self.nfe = torch.zeros(b, dtype=torch.long, device=device)
+        self.outside = torch.zeros(b, dtype=torch.bool, device=device)  # accepted, ineligible
+        self.nonfinite = torch.zeros(b, dtype=torch.bool, device=device)
+        self.step = self.forwards = 0
+        self.bits: list[Tensor] = []
+        self.edits: list[Tensor] = []  # [B, C] per step: accepted positions rewritten
+        self.canvas_of: list[int] = []  # the canvas index of each step
+        # the host sync after every step (else only after a canvas's last one)
+        self.sync_every = stopper is not None or selector.sticky
+        self.final: Tensor | None = None  # the previous canvas's tokens [B, C]
+
+    # ---- per block: one canvas ----
+
+    def start_block(self, k: int) -> int:
+        """Canvas ``k``: the cache plan's block action (encode the prompt or the previous
+        canvas), then the canvas ``randint(0, V)`` and its per-canvas state. Returns the step
+        budget."""
+        b, c, device = self.b, self.c, self.device
+        self.plan.start_block(k, self.final)
+        self.k, self.bs, self.be = k, self.p + k * c, self.p + (k + 1) * c
+        self.canvas = torch.randint(0, self.v, (b, c), generator=self.gen, device=device)
+        self.argmax = self.canvas
+        self.prev_argmax = torch.full_like(self.canvas, -1)
+        self.unchanged = torch.zeros(b, dtype=torch.long, device=device)
+        self.stopped = torch.zeros(b, dtype=torch.bool, device=device)
+        # the pending set (eligible): not yet accepted for good (only ``sticky`` removes any)
+        self.pending = torch.ones(b, c, dtype=torch.bool, device=device)
+        self.accepted_once = torch.zeros(b, c, dtype=torch.bool, device=device)
+        self.span_mask = torch.zeros(b, self.length, dtype=torch.bool, device=device)
+        self.span_mask[:, self.bs:self.be] = True
+        self.last_i = -1
+        return self.steps
+
+    def end_block(self, k: int) -> bool:
+        """The canvas's last contract check (when its last step ran), its final tokens (the
+        last argmax; ``sticky``: accepted tokens stay) and the EOS check: rows with an EOS are
+        finished, every later position becomes pad. ``True`` when every row is finished or
+        this was the last canvas."""
+        if self.last_i == self.steps - 1:
+            self._check(self.last_i)
+        sel, pad = self.selector, self.pad
+        final = torch.where(self.pending, self.argmax, self.canvas) if sel.sticky else self.argmax
+        final = torch.where(self.finished_seq[:, None], pad, final)
+        is_eos = torch.isin(final, self.eos)
         run = is_eos.long().cumsum(1)
         final = torch.where((run > 0) & ~((run == 1) & is_eos), pad, final)
-        tokens[:, bs:be] = final
-        finished_seq = finished_seq | is_eos.any(1)
-        if k == n_canvas - 1 or bool(finished_seq.all()):  # one sync per canvas
-            break
-        model.encode(final, cache, prompt=False)
-    bits_t = torch.stack(bits, 1) if bits else torch.zeros(b, 0, dtype=torch.float64,
-                                                             device=device)
-    edits_t = None
-    if not selector.sticky:  # [B, steps, G]: each step's edits at their canvas positions
-        edits_t = torch.zeros(b, step, length - p, dtype=torch.bool, device=device)
-        for s_, e in enumerate(edits):
-            k_ = int(canvas_of[s_])
-            edits_t[:, s_, k_ * c:(k_ + 1) * c] = e
-        edits_t = edits_t[:, :, :g]
-    return Generation(tokens=tokens[:, :p + g], nfe=nfe, forwards=forwards, steps=step,
-                      prompt_length=p, commit_step=commit_at[:, p:p + g].clone(), bits=bits_t,
-                      lengths=torch.full((b,), g, dtype=torch.long, device=device),
-                      refreshed=torch.ones(b, step, dtype=torch.bool, device=device),
-                      step_forwards=[1] * step, edits=edits_t)
+        self.tokens[:, self.bs:self.be] = final
+        self.final = final
+        self.finished_seq = self.finished_seq | is_eos.any(1)
+        return k == self.n_blocks - 1 or bool(self.finished_seq.all())  # one sync per canvas
+
+    # ---- per step ----
+
+    def _check(self, i: int) -> bool:
+        """The host sync after step ``i``: is every row's canvas decided? (and the contract)"""
+        flags = torch.stack([(self.stopped | self.finished_seq).all(), self.nonfinite.any(),
+                             self.outside.any()]).tolist()
+        _raise_if(flags, self.nonfinite, self.outside, self.step - 1, self.name)
+        return bool(flags[0])
+
+    def sync(self, i: int) -> bool:
+        """The termination contract: step ``i`` runs unless every row stopped (or finished)
+        at step ``i - 1`` (read with a stopper or ``sticky``; the step budget is the loop's
+        cap)."""
+        return i == 0 or not self.sync_every or not self._check(i - 1)
+
+    def forward(self, i: int) -> Tensor:
+        """The decoder forward (self-conditioned, ``CanvasPlan``) -> ``[B, C, V]`` logits; a
+        row counts in NFE while it is neither stopped in its canvas nor finished."""
+        self.nfe += (~(self.stopped | self.finished_seq)).long()
+        self.forwards += 1
+        return self.plan.forward(self.canvas)
+
+    def post(self, logits: Tensor, i: int) -> None:
+        """Propose (a sample at the step's temperature) -> select (acceptance) -> commit
+        (accepted positions take their sample) and re-noise every other position -> stop."""
+        proc, sample, new_argmax, prop, temperature = self._propose(logits, i)
+        state = self._state(prop, proc, new_argmax, temperature, i)
+        chosen = self.selector.select(state)
+        self.outside |= (chosen & ~state.eligible).any(1)
+        self._commit(chosen[:, self.bs:self.be] & self.pending, sample, new_argmax, proc, prop)
+        if self.selector.sticky:  # a row whose canvas is all accepted is done
+            self.stopped = self.stopped | ~self.pending.any(1)
+        if self.stopper is not None:
+            self.stopped = self.stopped | self.stopper.should_stop(state)
+        if self.on_step is not None:
+            self.on_step(state, chosen)
+        self.step += 1
+        self.last_i = i
+
+    def _propose(self, logits: Tensor, i: int) -> tuple[Tensor, Tensor, Tensor, Proposal,
+                                                          Tensor]:
+        """``logits [B, C, V]`` -> the tempered logits ``[B, C, V]``, one sample per position
+        (the step's ``multinomial``), the argmax, the ``Proposal`` ``[B, C]`` and the step's
+        temperature."""
+        b, c, v = self.b, self.c, self.v
+        # non-finite rows are recorded (raised at the next sync) and sampled uniformly
+        # meanwhile, so that torch's sampler never sees NaN
+        bad = ~torch.isfinite(logits).all(-1) | torch.isneginf(logits).all(-1)  # [B, C]
+        self.nonfinite |= bad.any(1)
+        logits = torch.where(bad[..., None], 0.0, logits)
+        temperature = self.selector.temperature(self.steps - i, self.steps, self.device)
+        proc = logits / temperature
+        probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
+        sample = torch.multinomial(probs.view(-1, v), 1, generator=self.gen).view(b, c)
+        argmax = proc.argmax(-1)
+        return proc, sample, argmax, _proposal(proc, probs, sample, argmax), temperature
+
+    def _state(self, prop: Proposal, proc: Tensor, argmax: Tensor, temperature: Tensor,
+               i: int) -> StepState:
+        """The step's ``StepState`` over the canvas ``[B, L]``: eligible = the pending
+        positions of the canvas; editable = positions accepted at earlier steps (``None``
+        with ``sticky``, which never rewrites)."""
+        bs, be, steps = self.bs, self.be, self.steps
+        full_canvas = self.tokens.clone()
+        full_canvas[:, bs:be] = self.canvas
+        eligible = self.span_mask.clone()
+        eligible[:, bs:be] &= self.pending
+        editable = None
+        if not self.selector.sticky:
+            editable = torch.zeros_like(eligible)
+            editable[:, bs:be] = self.accepted_once
+        same = (argmax == self.prev_argmax).all(1)
+        return StepState(
+            proposal=_widen(prop, full_canvas, bs), eligible=eligible, masked=eligible,
+            editable=editable, block_step=i,
+            fresh=self.span_mask, canvas=full_canvas, step=self.step, block=self.k,
+            block_start=bs, block_end=be, gen_start=self.p, steps_left=steps - i, budget=None,
+            progress=i / max(steps - 1, 1), generator=self.gen, forward_start=bs,
+            forward_width=self.c, logits=proc, rows=torch.arange(bs, be, device=self.device),
+            extras={"unchanged": torch.where(same, self.unchanged + 1, 0),
+                    "temperature": temperature, "noise_kind": "uniform"})
+
+    def _commit(self, accept: Tensor, sample: Tensor, argmax: Tensor, proc: Tensor,
+                prop: Proposal) -> None:
+        """Accepted positions ``accept [B, C]`` take their sample, every other pending one a
+        fresh ``randint`` token (re-noising: an edit where it was accepted before); rows
+        stopped earlier keep their canvas, argmax and self-conditioning (reference). Records
+        the first acceptances (``commit_step``, bits) and the edits."""
+        b, c, bs, be, canvas = self.b, self.c, self.bs, self.be, self.canvas
+        noise = torch.randint(0, self.v, (b, c), generator=self.gen, device=self.device)
+        new_canvas = torch.where(accept, sample, noise)
+        new_canvas = torch.where(self.pending, new_canvas, canvas)
+        frozen = self.stopped[:, None]
+        argmax = torch.where(frozen, self.argmax, argmax)
+        self.canvas = torch.where(frozen, canvas, new_canvas)
+        self.plan.condition(proc, self.stopped)
+        self.unchanged = torch.where((argmax == self.prev_argmax).all(1), self.unchanged + 1, 0)
+        self.prev_argmax = self.argmax = argmax
+        live = accept & ~frozen
+        accepted_once = self.accepted_once
+        # an accepted position rewritten (re-noised or re-sampled to another token) is an
+        # edit; commit_step / bits keep each position's first acceptance
+        self.edits.append(accepted_once & ~frozen & (self.canvas != canvas))
+        self.canvas_of.append(self.k)
+        first = live & ~accepted_once
+        self.commit_at[:, bs:be].masked_fill_(first, self.step)
+        self.commit_prob[:, bs:be] = torch.where(first, prop.prob.double(),
+                                                 self.commit_prob[:, bs:be])
+        self.bits.append(torch.where(first, -prop.prob.double().clamp_min(1e-300).log(), 0.0)
+                         .sum(1))
+        self.accepted_once = accepted_once | live
+        if self.selector.sticky:  # accepted for good: no longer pending
+            self.pending = self.pending & ~live
+
+    # ---- after the loop ----
+
+    def finish(self) -> Generation:
+        b, p, c, g, step, device = self.b, self.p, self.c, self.g, self.step, self.device
+        bits_t = (torch.stack(self.bits, 1) if self.bits
+                  else torch.zeros(b, 0, dtype=torch.float64, device=device))
+        edits_t = None
+        if not self.selector.sticky:  # [B, steps, G]: each step's edits at its canvas
+            edits_t = torch.zeros(b, step, self.length - p, dtype=torch.bool, device=device)
+            for s_, e in enumerate(self.edits):
+                k_ = int(self.canvas_of[s_])
+                edits_t[:, s_, k_ * c:(k_ + 1) * c] = e
+            edits_t = edits_t[:, :, :g]
+        return Generation(tokens=self.tokens[:, :p + g], nfe=self.nfe, forwards=self.forwards,
+                          steps=step, prompt_length=p,
+                          commit_step=self.commit_at[:, p:p + g].clone(), bits=bits_t,
+                          lengths=torch.full((b,), g, dtype=torch.long, device=device),
+                          refreshed=torch.ones(b, step, dtype=torch.bool, device=device),
+                          step_forwards=[1] * step, edits=edits_t)

@@ -1,0 +1,399 @@
+"""The mask noise kind's part of the one decode loop (``samplers.loop``): ``MaskRun``.
+
+A generation of a mask-token model (LLaDA, Dream, SDAR, LLaDA2, Fast-dLLM v2): the canvas
+starts as ``[prompt | mask * G]``; per block the budget base (LLaDA) or time grid (Dream) is
+computed; per step, the one host sync ("is anything still masked in this block?", which also
+reads the integers the cache plan asked for and the contract's flags), the cache plan's
+forward over the positions this mode recomputes (CFG doubles the batch), then
+``samplers.step.post_forward`` (propose -> select -> contract -> stop -> commit), the bit-identical
+``samplers.fused.fused_step``, or the same step on static buffers (``samplers.graph``).
+Eligible = still masked (``canvas == mask_id``) and fed; the block ends when no mask is left in
+it and no row is in an editing post step (``samplers.editing``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import replace
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.cache.plans import make_plan
+from dllm_decode.config import SamplerConfig
+from dllm_decode.policies.base import check_commit, init_memory_of
+from dllm_decode.samplers import schedule as sch
+from dllm_decode.samplers.contract import StepGuard, expected_rows
+from dllm_decode.samplers.editing import EditTracker
+from dllm_decode.samplers.fused import fused_step, span_selector
+from dllm_decode.samplers.graph import graph_run
+from dllm_decode.samplers.proposals import ProposalMaker
+from dllm_decode.samplers.step import (
+    SpanMasks,
+    StepModelView,
+    StepParts,
+    bits_per_step,
+    end_rows_at_eos,
+    fill_after_eos,
+    step_progress,
+)
+from dllm_decode.types import Generation, Impl
+
+_F64 = torch.float64  # one dtype for the sync's stack (the guard's flags are float64)
+
+
+class MaskRun:
+    """One generation of a mask-token model (``samplers.loop.DecodeRun``).
+
+    Args:
+        sampler: the ``DiffusionSampler`` (its model, policy, ``debug`` / ``compile`` /
+            ``graphs`` settings and step graphs).
+        cfg: the call's ``SamplerConfig``; caps: the bound parts' ``PolicyCapabilities``;
+        bound: the bound ``(selector, stopper, truncator)``.
+        prompt, valid_prompt: ``[B, P]`` checked prompt and its validity (False = padding).
+        on_step: the optional per-step callback.
+        step_function: ``post_forward``, compiled or not.
+    """
+
+    def __init__(self, sampler: Any, cfg: SamplerConfig, caps: Any, bound: tuple[Any, ...],
+                 prompt: Tensor, valid_prompt: Tensor, on_step: Callable[..., None] | None,
+                 step_function: Callable[..., Any]) -> None:
+        model = sampler.model
+        selector, stopper, truncator = bound
+        sel_caps = caps.selector
+        self.model, self.cfg, self.on_step, self.run_step = model, cfg, on_step, step_function
+        self.debug, self.compile = sampler.debug, sampler.compile
+        self.sel_caps, self.truncator = sel_caps, truncator
+        b, p = prompt.shape
+        # the decoded span: G, or (``decode_block_padding``, LLaDA2's quirk) up to a block end
+        g, self.g_out = sch.padded_gen_length(model, cfg, p), cfg.gen_length
+        length = p + g
+        self.b, self.p, self.g, self.length = b, p, g, length
+        device = self.device = prompt.device
+        mask_id = self.mask_id = model.mask_token_id
+        self.fill_id = model.eos_token_ids[0] if model.eos_token_ids else mask_id
+
+        canvas = torch.cat([prompt, torch.full((b, g), mask_id, device=device)], dim=1)
+        valid = torch.cat([valid_prompt, torch.ones(b, g, dtype=torch.bool, device=device)], 1)
+        positions = model.rope_positions(valid)
+        gen = self.gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)  # per batch
+        family = getattr(model, "family", "")
+        self.schedule = cfg.schedule or sel_caps.preferred_schedule or (
+            "dream" if family == "dream" else "llada")
+        self.layout = sch.decode_layout(model, cfg, p, length)
+        self.n_blocks = len(self.layout)
+        self.block_steps = sch.steps_per_block(model, cfg, self.layout, sel_caps)
+
+        cfg_on = self.cfg_on = cfg.cfg_scale > 0
+        self.prompt_index = (canvas != mask_id) & (torch.arange(length, device=device) < p)
+        model_valid = torch.cat([valid, valid]) if cfg_on else valid
+        model_pos = torch.cat([positions, positions]) if cfg_on else positions
+        causal = cfg.causal_prefix
+        if causal is None:  # the policy's preference, where it applies
+            causal = sel_caps.causal_prefix and model.attention == "block_causal"
+        graphs = sampler.step_graphs
+        plan = self.plan = make_plan(model, cfg.cache, model_valid, model_pos,
+                                     replace(cfg, causal_prefix=causal), family,
+                                     cache=graphs and graphs.cache_for(
+                                         cfg.cache, model_valid.shape, device))  # graphs' K/V
+        plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
+        maker = self.maker = ProposalMaker(model, cfg, family, gen)
+        maker.after_select = sel_caps.proposes_after_select
+        maker.greedy = sel_caps.samples_tokens
+        # only the proposal fields the parts read (every field for parts that do not declare
+        # them, and for an ``on_step`` callback, which may read anything)
+        maker.fields = caps.proposal_fields if on_step is None else None
+        # masked-only parts: greedy reference proposals may skip the unmasked rows (on the CPU,
+        # eager; ``ProposalMaker.masked_rows``)
+        maker.masked_only = (caps.masked_only and on_step is None and not self.compile
+                             and maker.impl is Impl.REFERENCE and cfg.temperature == 0
+                             and not cfg.confidence_eos_eot_inf
+                             and not sel_caps.proposes_after_select)
+        guard = self.guard = StepGuard(b, device, sampler.policy.name,
+                                       exempt_stall=sel_caps.may_commit_nothing)
+        if self.compile:  # the compiler fuses the torch reference itself
+            maker.impl = Impl.REFERENCE
+        parts = self.parts = StepParts(maker, selector, stopper, guard, caps.needs_logits,
+                                       sel_caps.proposes_after_select)
+        # editing policies: the per-row post-step state (``samplers.editing``)
+        self.tracker = (EditTracker(b, device, sel_caps.max_post_steps) if sel_caps.edits
+                        else None)
+        self.edit_log: list[Tensor] = []  # [B, G] per step, stacked at the end
+        self.fuse = None if self.tracker is not None else span_selector(
+            selector, stopper, truncator, caps, on_step=on_step, debug=self.debug,
+            compile=self.compile)
+
+        memory = self.memory = init_memory_of(selector, b, length, device)
+        self.pos_idx = torch.arange(length, device=device)
+        self.lo = 0 if cfg.allow_prompt_masks else p
+        self.full_span = caps.full_span  # a stopper, or any part that declares it
+        # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block,
+        # but only in rows whose current block still has a mask: rows of a batch walk blocks
+        # together, and a row that finished its block early waits (inactive, no NFE) for the
+        # batch to move on, as it would have moved on alone. Working ahead instead would decode
+        # the next block against the current block's cache refresh and a lookahead window
+        # cut at the current block's end, so its tokens would depend on its batch neighbours.
+        self.lookahead = sel_caps.lookahead
+        # [B] rows that took part in each forward (the step's own and any extra ones); NFE is
+        # their sum after the loop
+        self.took_part: list[Tensor] = []
+        self.step_model = StepModelView(model, plan, maker, self.took_part, b,
+                                        enabled=not cfg_on)
+        self.lengths = torch.full((b,), g, dtype=torch.long, device=device)
+        # per-generation records, written in place at commits (one op each per step); bits
+        # and commit steps are derived from them after the loop
+        self.commit_at = torch.full((b, length), -1, dtype=torch.long, device=device)
+        self.commit_prob = torch.ones(b, length, dtype=torch.float64, device=device)
+        self.spans = SpanMasks(b, length, device)
+        self.refreshed: list[Tensor] = []  # [B] per step, stacked at the end (no sync)
+        self.step_forwards: list[int] = []  # host counters: model calls per step
+        self.step = self.forwards = 0
+        self.total_steps = sum(self.block_steps) if self.block_steps else g
+        self.canvas = canvas
+        graphed = self.graphed = graph_run(sampler, plan, parts, memory, canvas, caps, cfg,
+                                           bound, on_step, p, self.total_steps)
+        if graphed is not None:  # the step runs on static buffers (samplers.graph)
+            maker.masked_only, self.fuse = False, None
+            self.canvas, self.commit_at, self.commit_prob = graphed.canvas, \
+                graphed.commit_at, graphed.commit_prob
+            self.lengths = graphed.lengths
+        self.no_edit = torch.zeros(b, g, dtype=torch.bool, device=device)
+        self.no_budget = torch.zeros(b, dtype=torch.long, device=device)
+
+    # ---- per block ----
+
+    def start_block(self, blk: int) -> int:
+        """The block's budget schedule / time grid and the guard's and tracker's block start;
+        returns its step cap (the commit phase, then at most ``max_post_steps`` post steps)."""
+        bs, be, aligned = self.layout[blk]
+        self.blk, self.bs, self.be, self.aligned = blk, bs, be, aligned
+        spb = self.steps_per_block = self.block_steps[blk] if self.block_steps else None
+        n_commit = self.n_commit = spb or self.cfg.max_steps_per_block or (be - self.lo)
+        self.n_iter = n_commit + (self.sel_caps.max_post_steps if self.tracker is not None
+                                  else 0)
+        times = self.times = (sch.dream_times(n_commit, self.cfg.eps, self.device)
+                              if self.schedule == "dream" else None)
+        self.fractions = None if times is None else sch.dream_fractions(times)
+        # LLaDA: the block's whole budget schedule [B] x S (and budget > 0), once per block
+        self.budgets = self.positive = None
+        if spb and self.schedule != "dream":
+            schedule_t = sch.llada_budgets((self.canvas[:, bs:be] == self.mask_id).sum(1),
+                                           n_commit)
+            self.budgets, self.positive = schedule_t.unbind(1), (schedule_t > 0).unbind(1)
+        self.guard.start_block()
+        if self.tracker is not None:
+            self.tracker.start_block((self.canvas[:, bs:be] == self.mask_id).any(1))
+        return self.n_iter
+
+    def end_block(self, blk: int) -> bool:
+        """``block_eos_stop``: rows with an EOS end here. Never ends the generation early."""
+        cfg, model = self.cfg, self.model
+        if cfg.block_eos_stop and model.eos_token_ids:
+            self.canvas = end_rows_at_eos(self.canvas, self.mask_id, model.eos_token_ids,
+                                          self.p, self.be, self.fill_id,
+                                          getattr(model, "block_size", None)
+                                          if cfg.eos_skip_block_start else None)
+        return False
+
+    # ---- per step ----
+
+    def sync(self, i: int) -> bool:
+        """Eligibility (still masked), the plan's preparation and the one host sync per step:
+        is anything still masked in this block (or a row in a post step)? Also the step's
+        budget."""
+        bs, be, cfg, canvas = self.bs, self.be, self.cfg, self.canvas
+        masked = self.masked = canvas == self.mask_id
+        model_canvas = canvas
+        if self.cfg_on:
+            model_canvas = torch.cat([canvas, canvas.masked_fill(self.prompt_index,
+                                                                 self.mask_id)])
+        self.model_canvas = model_canvas
+        spb = self.steps_per_block
+        need = self.plan.prepare(model_canvas, i, self.lo, final=bool(spb) and i == self.n_iter - 1)
+        # the one host sync per step: is anything still masked in this block? (plus the
+        # integers the plan needs to shape its forward, and the contract's flag)
+        flags = self.guard.flags()
+        # editing: the rows still in a post step (``EditTracker.begin_step``)
+        extra = ([] if self.tracker is None
+                 else [self.tracker.begin_step(masked[:, bs:be].any(1))])
+        counts = torch.stack([masked[:, bs:be].sum(dtype=_F64), masked.sum(dtype=_F64), *flags,
+                              *extra])
+        synced = (counts if need is None else torch.cat([counts, need])).tolist()
+        self.guard.raise_if(synced[2:2 + len(flags)])
+        n_left, self.n_masked = int(synced[0]), int(synced[1])
+        n_edit = int(synced[2 + len(flags)]) if extra else 0
+        self.host = [int(v) for v in synced[2 + len(flags) + len(extra):]]
+        self.n_left = n_left
+        n_commit = self.n_commit
+        if n_left == 0 and not n_edit and not (cfg.exact_steps and spb and i < n_commit):
+            return False
+        self.reach = min(be + self.lookahead, self.length)
+        budget = None
+        if i >= n_commit and (self.budgets is not None or spb):
+            budget = self.no_budget  # a post step: nothing scheduled
+        elif self.budgets is not None:
+            budget = self.budgets[i]
+        elif spb:
+            budget = sch.dream_budget(masked, self.times, i, n_commit, self.fractions)
+        self.budget = budget
+        return True
+
+    def _timed(self, i: int) -> bool:
+        return bool(self.steps_per_block) or self.times is not None
+
+    def forward(self, i: int) -> Any:
+        """The cache plan's forward over the fed span (``None``: the static-buffer step runs
+        forward and post together, in ``post``)."""
+        if self.graphed is not None:
+            return None
+        fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned, i,
+                                self.lo, self.full_span, host=self.host)
+        self.forwards += 1
+        return fed
+
+    def post(self, fed: Any, i: int) -> None:
+        """Propose -> select -> contract -> stop -> commit (``post_forward``, the fused step or
+        the static-buffer step), then truncation, EOS fill and the callback."""
+        if fed is None:
+            self._post_graphed(i)
+        else:
+            self._post_eager(fed, i)
+        cfg, model = self.cfg, self.model
+        if cfg.stop_at_eos and model.eos_token_ids:
+            if fed is None:
+                self.canvas = fill_after_eos(self.canvas, self.mask_id, model.eos_token_ids,
+                                             self.p, self.fill_id)
+            else:
+                self.canvas = fill_after_eos(self.canvas, self.mask_id, model.eos_token_ids,
+                                             self.p, self.fill_id,
+                                             committed_at=self.step if cfg.eos_stop_on_commit
+                                             else None, commit_at=self.commit_at)
+        if fed is not None and self.on_step is not None:  # never with the fused step
+            self.on_step(self.state, self.commit)
+        self.step += 1
+
+    def _post_graphed(self, i: int) -> None:
+        """The same step on static buffers, maybe replayed (``samplers.graph``)."""
+        n_commit, times, step = self.n_commit, self.times, self.step
+        self.canvas, self.commit_prob, active, full = self.graphed.step(
+            self.canvas, self.commit_prob, block=self.blk, bounds=(self.bs, self.be),
+            aligned=self.aligned, step_in_block=i, lo=self.lo, full_span=self.full_span,
+            step=step, progress=step / max(self.total_steps - 1, 1), budget=self.budget,
+            times=(times[i], times[i + 1]) if times is not None else None,
+            n_masked=self.n_masked, last=i == n_commit - 1,
+            steps_left=(n_commit - i) if self._timed(i) else None,
+            force_end=i == n_commit - 1 and self.lo == self.p,
+            stall_limit=min(n_commit, self.be - self.bs))
+        self.forwards += 1
+        self.step_forwards.append(1)
+        self.refreshed.append(self.spans.flag(full))
+        self.took_part.append(active)
+
+    def _post_eager(self, fed: Any, i: int) -> None:
+        cfg, b, p, spans = self.cfg, self.b, self.p, self.spans
+        bs, be, reach, masked, budget = self.bs, self.be, self.reach, self.masked, self.budget
+        n_commit, times, tracker = self.n_commit, self.times, self.tracker
+        logits = fed.logits
+        if self.cfg_on:
+            cond, uncond = logits.chunk(2)
+            logits = uncond + (cfg.cfg_scale + 1) * (cond - uncond)
+        rows = fed.rows if fed.rows.dim() == 1 else fed.rows[:b]
+        live = None if fed.live is None else fed.live[:b]
+        if fed.span is not None and live is None:  # contiguous rows: cached masks
+            fresh = spans.get(*fed.span)
+            eligible = masked & spans.get(fed.span[0], min(fed.span[1], reach))
+        else:
+            fresh = fed.fresh_mask(b, self.length)
+            eligible = masked & fresh & spans.get(0, reach)
+        if self.lookahead:  # batch invariance: a row whose block is complete waits
+            eligible = eligible & masked[:, bs:be].any(1, keepdim=True)
+        has_eligible = active = eligible.any(1)
+        editable = None
+        if tracker is not None:  # rows in a post step still take part (and count)
+            active = active | tracker.post
+            editable = tracker.editable(masked, fresh, spans.get(max(bs, p), be))
+        self.step_model.begin(self.model_canvas, active)
+        # the contract's per-step inputs (samplers.contract; see post_forward)
+        # masked fed rows, known on the host when the rows end with the block (no mask
+        # before it): lets the proposal skip counting them (``masked_rows``)
+        in_rows = (self.n_left if reach == be and not self.full_span and self.lo == p
+                   else None)
+        positive = self.positive
+        expected = expected_rows(has_eligible, budget,
+                                 None if positive is None or i >= n_commit else positive[i])
+        stall_limit = min(n_commit, be - bs)
+        step_refreshed = (spans.flag(fed.refresh) if fed.refreshed is None
+                          else fed.refreshed[:b])
+        step, timed = self.step, self._timed(i)
+        self.state = self.commit = None
+        if self.fuse is not None and i < self.n_iter - 1 and fused_step(
+                self.fuse, self.maker, self.guard, fed, logits, rows, masked, eligible, budget,
+                expected, self.canvas, self.commit_at, self.commit_prob, step, self.n_masked,
+                in_rows, stall_limit):
+            self.step_forwards.append(1)  # (samplers.fused) canvas and records in place
+        else:
+            info = dict(
+                step=step, block=self.blk, block_start=bs, block_end=be, gen_start=p,
+                block_step=i, steps_left=max(n_commit - i, 1) if timed else None,
+                progress=step_progress(step / max(self.total_steps - 1, 1), self.compile,
+                                       self.device),
+                generator=self.gen, forward_start=fed.fed_start, forward_width=fed.fed_width,
+                times=(times[i], times[i + 1]) if times is not None and i < n_commit
+                else None,
+                memory=self.memory, extras={"n_masked": self.n_masked, "lengths": self.lengths,
+                                            "refresh": fed.refresh,
+                                            "total_steps": self.total_steps},
+                model=self.step_model, refreshed=step_refreshed)
+            ctl = dict(n_masked=self.n_masked, in_rows=in_rows, expected=expected,
+                       last=i == n_commit - 1, stall_limit=stall_limit,
+                       force_end=spans.get(bs, be) if i == n_commit - 1 and self.lo == p
+                       else None, editable=editable, mask_id=self.mask_id)
+            out = self.run_step(self.parts, fed, logits, rows, live, self.canvas, masked, fresh,
+                                eligible, budget, self.commit_at, self.commit_prob, info, ctl)
+            self.state, self.commit, self.canvas, self.commit_prob = out.state, out.commit, \
+                out.canvas, out.commit_prob
+            if tracker is not None:
+                tracker.end_step(out.edit)
+                self.edit_log.append(self.no_edit if out.edit is None else out.edit[:, p:])
+            self.commit_at = out.commit_at  # a new tensor under compile
+            self.forwards += self.step_model.calls
+            if self.debug:
+                check_commit(self.state, out.selected,
+                             allow_empty=self.sel_caps.may_commit_nothing)
+            self.step_forwards.append(1 + self.step_model.calls)
+            if self.truncator is not None:
+                new_len = self.truncator.truncate(self.state, self.commit).clamp(max=self.g)
+                self.lengths = torch.minimum(self.lengths, new_len)
+                dead = self.pos_idx[None] >= (p + self.lengths)[:, None]
+                self.canvas = torch.where(dead, self.fill_id, self.canvas)  # ends at its EOS
+                self.plan.restrict(torch.cat([~dead, ~dead]) if self.cfg_on else ~dead)
+        self.refreshed.append(step_refreshed)
+        self.took_part.append(active)
+
+    # ---- after the loop ----
+
+    def finish(self) -> Generation:
+        """The contract's end check (one sync) and the ``Generation``."""
+        b, p, g, g_out, device = self.b, self.p, self.g, self.g_out, self.device
+        canvas, lengths, commit_at = self.canvas, self.lengths, self.commit_at
+        self.guard.finish(canvas[:, p:], self.mask_id, check_masks=self.lo == p)
+        if self.graphed is not None:  # the buffers are the next generation's
+            canvas, lengths = canvas.clone(), lengths.clone()
+        took_part = self.took_part
+        nfe = (torch.stack(took_part, 1).sum(1) if took_part
+               else torch.zeros(b, dtype=torch.long, device=device))
+        bits_t = bits_per_step(commit_at, self.commit_prob, self.step)
+        refreshed_t = (torch.stack(self.refreshed, 1) if self.refreshed
+                       else torch.zeros(b, 0, dtype=torch.bool, device=device))
+        edits = None
+        if self.tracker is not None:
+            edits = (torch.stack(self.edit_log, 1) if self.edit_log
+                     else torch.zeros(b, 0, g, dtype=torch.bool, device=device))
+        if g != g_out:  # decode_block_padding: the padding positions are cut
+            canvas, commit_at = canvas[:, :p + g_out], commit_at[:, :p + g_out]
+            lengths, edits = lengths.clamp(max=g_out), None if edits is None else edits[..., :g_out]
+        return Generation(tokens=canvas, nfe=nfe, forwards=self.forwards, steps=self.step,
+                          prompt_length=p, commit_step=commit_at[:, p:].clone(), bits=bits_t,
+                          lengths=lengths, refreshed=refreshed_t,
+                          step_forwards=self.step_forwards, edits=edits)
