@@ -230,6 +230,13 @@ def test_settings_without_meaning_are_errors(small, overrides, match) -> None:
         DiffusionSampler(small, "gemma_renoise").generate(torch.tensor([[5, 6]]), **kw)
 
 
+def test_compile_on_uniform_model_is_a_clear_error(small) -> None:
+    """``compile=True`` compiles the mask-model step: on a uniform model it is refused when
+    the sampler is built, never silently ignored."""
+    with pytest.raises(ValueError, match="runs its step eagerly"):
+        DiffusionSampler(small, "gemma_renoise", compile=True)
+
+
 def test_renoising_is_recorded_as_edits(small) -> None:
     """Re-noising rewrites accepted positions: the editing capability is declared and
     ``Generation.edits`` marks, per step, accepted positions whose token changed; sticky
@@ -312,6 +319,9 @@ def _reference_model(tmp: Any, seed: int, canvas: int, window: int, experts: int
     return tf.DiffusionGemmaForBlockDiffusion.from_pretrained(tmp, dtype=torch.float32).eval()
 
 
+# transformers' own DiffusionGemma (the reference here) uses torch.jit.script_method, which
+# torch deprecates: its warning is the reference's, not ours
+@pytest.mark.filterwarnings("ignore:`torch.jit.script_method` is deprecated:DeprecationWarning")
 @pytest.mark.parametrize("seed,canvas,window,experts,top_k", [(11, 8, 4, 4, 2), (12, 6, 7, 6, 3)])
 def test_other_sizes_and_padding_match_transformers(tmp_path, seed, canvas, window, experts,
                                                     top_k) -> None:

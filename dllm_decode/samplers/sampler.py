@@ -144,6 +144,10 @@ class DiffusionSampler:
         if cache is None:
             cache = self.capabilities.selector.preferred_cache or "none"
         self.config = SamplerConfig(cache=cache, **cfg_params)
+        if compile and self.noise_kind != "mask":
+            raise ValueError(f"compile={compile!r} compiles the mask-model step; a "
+                             f"{self.noise_kind}-noise model ({type(model).__name__}) runs its "
+                             "step eagerly: use compile=False")
         self.debug = debug
         self.compile = compile
         self._compiled: Any = None  # the compiled step, built on first use (per device)
