@@ -39,6 +39,7 @@ class CacheMode(str, Enum):
     DUAL = "dual"
     BLOCK_CAUSAL = "block_causal"
     WINDOW = "window"
+    SUB_BLOCK = "sub_block"
 
 
 class Impl(str, Enum):

@@ -75,7 +75,7 @@ class SubBlockThreshold:
         return Capabilities(budgeted=False, preferred_cache="block_causal",
                             requires_attention="block_causal", proposal_fields=(),
                             reads_masked_only=not sample, needs_logits=sample,
-                            samples_tokens=sample)
+                            samples_tokens=sample, sub_block_size=self.small_block_size)
 
     def __post_init__(self) -> None:
         check_fields(self, "SubBlockThreshold")

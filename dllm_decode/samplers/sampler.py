@@ -218,7 +218,8 @@ class DiffusionSampler:
         plan = make_plan(model, cfg.cache, model_valid, model_pos,
                          replace(cfg, causal_prefix=causal), family,
                          cache=self.step_graphs and self.step_graphs.cache_for(
-                             cfg.cache, model_valid.shape, device))  # the graphs' K/V
+                             cfg.cache, model_valid.shape, device),  # the graphs' K/V
+                         sub_block=sel_caps.sub_block_size)
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
@@ -279,6 +280,11 @@ class DiffusionSampler:
                 graphed.commit_prob
             lengths = graphed.lengths
 
+        if cfg.separate_prefill:  # the prompt's complete blocks in a forward of their own
+            n_pre = plan.prefill(torch.cat([canvas, canvas.masked_fill(prompt_index, mask_id)])
+                                 if cfg_on else canvas, *layout[0])
+            forwards += n_pre
+            took_part += [torch.ones(b, dtype=torch.bool, device=device)] * n_pre
         no_edit = torch.zeros(b, g, dtype=torch.bool, device=device)
         no_budget = torch.zeros(b, dtype=torch.long, device=device)
         for blk, (bs, be, aligned) in enumerate(layout):
@@ -348,7 +354,7 @@ class DiffusionSampler:
                     continue
                 fed = plan.forward(model_canvas, (bs, reach), aligned, i, lo, full_span,
                                    host=host)
-                forwards += 1
+                forwards += fed.calls
                 logits = fed.logits
                 if cfg_on:
                     cond, uncond = logits.chunk(2)
@@ -415,7 +421,7 @@ class DiffusionSampler:
                     if self.debug:
                         check_commit(state, out.selected,
                                      allow_empty=sel_caps.may_commit_nothing)
-                    step_forwards.append(1 + step_model.calls)
+                    step_forwards.append(fed.calls + step_model.calls)
                     if truncator is not None:
                         new_len = truncator.truncate(state, commit).clamp(max=g)
                         lengths = torch.minimum(lengths, new_len)
