@@ -12,14 +12,9 @@
 
 * ``window`` (Window-Diffusion): phases of full and pruned steps over per-row position sets;
   see ``dllm_decode.cache.window`` (built by ``make_plan``).
-* ``sub_block`` (Fast-dLLM v2's ``use_block_cache``, block-diffusion models): ``block_causal``
-  across blocks; inside a block, each row's current sub-block alone against the block's K/V of
-  its last refresh (approximate); see ``dllm_decode.cache.sub_block``.
-
-Separate prefill (``separate_prefill``, block-diffusion caches): the prompt's complete blocks
-left of the first decoded block get their K/V in a forward of their own before the first step
-(``ForwardPlan.prefill``), as Fast-dLLM v2's and SDAR's references do; by default the first
-step's forward computes them (one forward fewer, the same K/V and tokens).
+* ``sub_block`` (Fast-dLLM v2's ``use_block_cache``): ``block_causal`` across blocks; inside a
+  block, each row's current sub-block alone against the block's K/V of its last refresh
+  (approximate); see ``dllm_decode.cache.sub_block``. ``separate_prefill``: ``prefill``.
 
 Every fed span writes its fresh K/V in place (positions are distinct), then attends over the
 cache. Models with shifted logits (Dream) get one extra row on the left so the first position of
@@ -338,11 +333,11 @@ class ForwardPlan:
                     be - aligned_start, step_in_block == 0)
 
     def prefill(self, canvas: Tensor, start: int, end: int, aligned: int) -> int:
-        """``separate_prefill``: store the K/V of the prompt's complete blocks ``[0, aligned)``
-        in a forward of their own when the first decoded block ``(start, end)`` begins inside
-        the prompt's last block (``start > aligned > 0``), as Fast-dLLM v2's reference does.
-        A block-aligned prompt needs none: the first step's forward is that prefill (its last
-        row predicts the first answer token). Returns the model calls run (0 or 1)."""
+        """``separate_prefill``: the K/V of the prompt's complete blocks ``[0, aligned)`` in a
+        forward of their own (as Fast-dLLM v2's reference prefills) when the first block
+        ``(start, end)`` begins inside the prompt's last block (``start > aligned > 0``; by
+        default the first step computes them). A block-aligned prompt needs none: the first
+        step is that prefill (it predicts the first answer token). Returns 0 or 1 calls."""
         if self.mode not in (CacheMode.BLOCK_CAUSAL, CacheMode.SUB_BLOCK):
             raise ValueError("separate_prefill needs cache='block_causal' or 'sub_block' "
                              f"(a block-diffusion model's K/V cache); cache is {self.mode.value!r}")
