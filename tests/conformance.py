@@ -274,8 +274,15 @@ def fastdllm2_settings(case: dict[str, Any], row: int | None = None
     if min(lengths) == k:
         raise UnmappedCaseField(f"{case['name']}: min_len == block_size (the reference "
                                 "prefills nothing and decodes without the prompt's K/V)")
+    if len({n // k for n in lengths}) > 1:
+        raise UnmappedCaseField(f"{case['name']}: prompts ending in different blocks (the "
+                                "reference then decodes a longer row's blocks from a window "
+                                "not aligned to the block grid, a bug)")
     p = lengths[row or 0]
     gen = (max(lengths) // k + a["max_new_tokens"] // k) * k + 1 - p
+    if gen < 1:
+        raise UnmappedCaseField(f"{case['name']}: max_new_tokens < block_size leaves no block "
+                                "after the prompt's to decode")
     sample = case["reference_function"] == "batch_sample"
     params: dict[str, Any] = dict(
         gen_length=gen, threshold=a["threshold"], small_block_size=a["small_block_size"],

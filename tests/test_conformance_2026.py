@@ -13,6 +13,7 @@ import torch
 from dllm_decode import DiffusionSampler, load_model
 from tests.conformance import (
     CONFORMANCE,
+    UnmappedCaseField,
     cut_at_eos,
     fastdllm2_batch_forwards,
     fastdllm2_settings,
@@ -70,7 +71,10 @@ def test_fastdllm2_case(case: dict) -> None:
     """Tokens and NFE (``Generation.forwards``, the reference's prefill forward included by
     ``separate_prefill``); with ``use_block_cache`` also each forward's kind: the reference's
     full-block forwards are the steps that refreshed, its sub-block forwards the others."""
-    policy, params, stop = fastdllm2_settings(case)
+    try:
+        policy, params, stop = fastdllm2_settings(case)
+    except UnmappedCaseField as err:  # a reference bug the library does not reproduce
+        pytest.skip(f"not reproduced: {err}")
     args = case["args"]
     base = _model("fastdllm2-tiny", args["mask_id"]).with_block_size(args["block_size"])
     model = _StopAs(base, stop)
@@ -104,7 +108,10 @@ def test_fastdllm2_batched_case(case: dict) -> None:
     base = _model("fastdllm2-tiny", args["mask_id"]).with_block_size(args["block_size"])
     rows = []
     for row, ids in enumerate(case["prompt_ids"]):
-        policy, params, stop = fastdllm2_settings(case, row)
+        try:
+            policy, params, stop = fastdllm2_settings(case, row)
+        except UnmappedCaseField as err:  # a reference bug the library does not reproduce
+            pytest.skip(f"not reproduced: {err}")
         out = DiffusionSampler(_StopAs(base, stop), policy, **params).generate(
             torch.tensor([ids]))
         p = len(ids)
