@@ -95,5 +95,6 @@ def measure_drift(model: Any, prompt: Tensor, *, gen_length: int, block_length: 
         "max_abs_logit_drift": float(stacked.max()),
         "mean_abs_logit_drift": float(stacked.mean()),
         "argmax_agreement": agree / max(total, 1),
+        "compared": float(total),  # eligible rows behind the agreement (0: none was stale)
         "refresh_max_abs": refresh_max,
     }
