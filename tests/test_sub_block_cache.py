@@ -83,6 +83,9 @@ def test_clear_errors_and_graph_fallback() -> None:
     with pytest.raises(ValueError, match="block-diffusion"):
         DiffusionSampler(tiny_model("llada"), "threshold", cache="sub_block",
                          gen_length=8).generate(PROMPT[:1, :4])
+    with pytest.raises(ValueError, match="classifier-free"):
+        DiffusionSampler(MODEL, "fastdllm_v2", cache="sub_block", cfg_scale=1.0,
+                         gen_length=8).generate(PROMPT[:1])
     with pytest.raises(ValueError, match="separate_prefill"):
         DiffusionSampler(MODEL, "threshold", cache="none", separate_prefill=True,
                          gen_length=8).generate(PROMPT[:1])

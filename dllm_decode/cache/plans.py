@@ -393,6 +393,9 @@ def make_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Ten
     if mode is CacheMode.SUB_BLOCK:
         from dllm_decode.cache.sub_block import SubBlockPlan
 
+        if cfg.cfg_scale > 0:  # its rows choose their own sub-blocks: the halves would differ
+            raise ValueError("cache='sub_block' does not support classifier-free guidance "
+                             "(cfg_scale > 0); use cache='block_causal'")
         return SubBlockPlan(model, valid, positions, sub_block, causal_prefix=causal,
                             cache=cache)
     if mode is CacheMode.WINDOW:
