@@ -257,7 +257,8 @@ def fastdllm2_settings(case: dict[str, Any], row: int | None = None
     block in which it committed the stop token, ``block_eos_stop``; ``generate``: as soon as
     the stop token has nothing masked before it, ``stop_at_eos``). The model's EOS must be the
     case's stop token; seeded cases sample as the reference (``mask_in_softmax``). Raises
-    ``UnmappedCaseField`` on anything else (a batch without ``row``; sampled batches).
+    ``UnmappedCaseField`` on anything else (a batch without ``row``; sampled or
+    ``use_block_cache`` batches; reference bugs: see the checks).
     ``row``: the settings of that row of a batched case decoded alone (its own prompt, the
     batch's number of blocks, ``max_new_tokens // block_size + max(seq_len) // block_size``)."""
     _only(case, FDV2_TOP, "case", case)
@@ -271,6 +272,10 @@ def fastdllm2_settings(case: dict[str, Any], row: int | None = None
         raise UnmappedCaseField(f"{case['name']}: seq_len / min_len != the prompt lengths")
     if a.get("temperature") and len(lengths) > 1:
         raise UnmappedCaseField(f"{case['name']}: the reference samples for row 0 only")
+    if a.get("use_block_cache") and len(lengths) > 1:
+        raise UnmappedCaseField(f"{case['name']}: batched use_block_cache refreshes every "
+                                "row's block cache when one row needs it (rows depend on their "
+                                "neighbours); cache='sub_block' rows decide alone")
     if min(lengths) == k:
         raise UnmappedCaseField(f"{case['name']}: min_len == block_size (the reference "
                                 "prefills nothing and decodes without the prompt's K/V)")
