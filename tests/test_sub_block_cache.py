@@ -119,3 +119,66 @@ def test_separate_prefill_on_the_static_step() -> None:
     assert graphed.graph_reason is None
     eager = DiffusionSampler(MODEL, "threshold", **kw).generate(PROMPT[:2])
     assert torch.equal(out.tokens, eager.tokens) and out.forwards == eager.forwards
+
+
+def test_plan_mixed_step_right_after_a_refresh_is_exact() -> None:
+    """``SubBlockPlan`` by hand: after a block's entry forward, row 0 (its sub-block starts on
+    a prompt token, canvas unchanged) runs a sub-block forward and row 1 (its next sub-block
+    starts masked) a refresh, in one step of two calls; both rows' scored logits equal a full
+    forward without cache, since nothing changed outside row 0's sub-block since its K/V."""
+    from dllm_decode.cache.plans import ForwardPlan, make_plan
+    from dllm_decode.config import SamplerConfig
+    from dllm_decode.types import CacheMode
+
+    mask = MODEL.mask_token_id
+    canvas = torch.cat([PROMPT[:2], torch.full((2, 13), mask)], 1)  # P 11, blocks of 8
+    valid = torch.ones_like(canvas, dtype=torch.bool)
+    pos = MODEL.rope_positions(valid)
+    plan = make_plan(MODEL, CacheMode.SUB_BLOCK, valid, pos, SamplerConfig(cache="sub_block"),
+                     sub_block=4)
+    with torch.no_grad():
+        entry = plan.forward(canvas, (11, 16), 8, 0, 11, False)
+        canvas[1, 11] = 5  # row 1 finishes sub-block [8, 12); its next one starts masked
+        host = plan.prepare(canvas, 1, 11).tolist()
+        fed = plan.forward(canvas, (11, 16), 8, 1, 11, False, host=host)
+        full = ForwardPlan(MODEL, CacheMode.NONE, valid, pos).forward(
+            canvas, (0, 24), 0, 0, 0, True).logits
+    assert entry.refresh and host == [1, 1] and fed.calls == 2
+    assert fed.refreshed.tolist() == [False, True]
+    assert fed.rows.tolist() == [[8, 9, 10, 11], [12, 13, 14, 15]]
+    assert fed.live.tolist() == [[False, True, True, True], [True] * 4]
+    want = full.gather(1, fed.rows[..., None].expand(-1, -1, full.shape[-1]))
+    assert ((fed.logits - want).abs() * fed.live[..., None]).max() < 1e-4
+
+
+def test_plan_rows_keep_their_stale_block_cache_in_a_mixed_step() -> None:
+    """Row 0's block K/V stay those of its last refresh through a step in which row 1
+    refreshes (the refresh call's K/V of row 0 are put back): its logits over three steps
+    equal row 0's alone, and differ from a full forward (stale K/V at position 14)."""
+    from dllm_decode.cache.plans import ForwardPlan, make_plan
+    from dllm_decode.config import SamplerConfig
+    from dllm_decode.types import CacheMode
+
+    mask = MODEL.mask_token_id
+
+    def run(rows: list[int]) -> list[torch.Tensor]:
+        canvas = torch.cat([PROMPT[:2], torch.full((2, 13), mask)], 1)[rows]
+        valid = torch.ones_like(canvas, dtype=torch.bool)
+        plan = make_plan(MODEL, CacheMode.SUB_BLOCK, valid, MODEL.rope_positions(valid),
+                         SamplerConfig(cache="sub_block"), sub_block=4)
+        out, full = [], ForwardPlan(MODEL, CacheMode.NONE, valid, MODEL.rope_positions(valid))
+        with torch.no_grad():
+            plan.forward(canvas, (11, 16), 8, 0, 11, False)
+            for step in (1, 2, 3):
+                canvas[:, 14] = 7 + step  # outside row 0's sub-block: its K/V go stale
+                if 1 in rows:
+                    canvas[rows.index(1), 11] = 5  # row 1 refreshes every step
+                host = plan.prepare(canvas, step, 11).tolist()
+                fed = plan.forward(canvas, (11, 16), 8, step, 11, False, host=host)
+                exact = full.forward(canvas, (0, 24), 0, 0, 0, True).logits[rows.index(0)]
+                assert (fed.logits[rows.index(0), 1:] - exact[9:12]).abs().max() > 1e-3
+                out.append(fed.logits[rows.index(0)])
+        return out
+
+    for batch, alone in zip(run([0, 1]), run([0]), strict=True):
+        assert torch.allclose(batch, alone, atol=1e-5)
