@@ -1,10 +1,16 @@
-"""Logit drift of the approximate caches (prefix, dual) on the bundled trained checkpoints.
+"""Logit drift of the approximate caches (prefix, dual, sub_block) on the bundled trained
+checkpoints.
 
 Decodes held-out zero-shot Waiting Line prompts with each cache mode and compares every cached
 step's logits with a full recomputation of the same canvas (``dllm_decode.cache.measure_drift``).
 Writes ``benchmarks/results/drift.csv`` and prints a markdown table.
 
     python benchmarks/drift_table.py --models tiny-llada tiny-dream
+    python benchmarks/drift_table.py --models tiny-sdar --modes sub_block \
+        --out benchmarks/results/drift_sub_block.csv
+
+``sub_block`` (Fast-dLLM v2's block-level cache) decodes with ``fastdllm_v2`` in sub-blocks of
+``--sub-block`` positions on the model's own blocks.
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ def main() -> None:
     ap.add_argument("--per-task", type=int, default=1)
     ap.add_argument("--gen-length", type=int, default=32)
     ap.add_argument("--block-length", type=int, default=8)
+    ap.add_argument("--sub-block", type=int, default=2, help="sub_block: sub-block size")
     ap.add_argument("--out", type=Path, default=RESULTS / "drift.csv")
     args = ap.parse_args()
     ids, attn = prompts(args.per_task)
@@ -48,8 +55,13 @@ def main() -> None:
         for mode in args.modes:
             for row in range(ids.shape[0]):  # one row at a time: no padding in the comparison
                 keep = attn[row].bool()
+                extra = {}
+                if mode == "sub_block":  # a sub-block policy on the model's own blocks
+                    extra = dict(policy="fastdllm_v2", small_block_size=args.sub_block,
+                                 block_length=None)
                 res = measure_drift(model, ids[row:row + 1, keep], mode=mode,
-                                    gen_length=args.gen_length, block_length=args.block_length)
+                                    gen_length=args.gen_length,
+                                    **{"block_length": args.block_length, **extra})
                 rows.append(dict(model=name, mode=mode, prompt=row, **res))
     args.out.parent.mkdir(exist_ok=True)
     with args.out.open("w", newline="") as fh:
@@ -62,8 +74,10 @@ def main() -> None:
     for name in args.models:
         for mode in args.modes:
             sel = [r for r in rows if r["model"] == name and r["mode"] == mode]
-            agg = {k: sum(r[k] for r in sel) / len(sel) for k in
-                   ("mean_abs_logit_drift", "argmax_agreement")}
+            agg = {"mean_abs_logit_drift": sum(r["mean_abs_logit_drift"] for r in sel) / len(sel),
+                   # weighted by the eligible rows compared (a prompt may have none stale)
+                   "argmax_agreement": sum(r["argmax_agreement"] * r["compared"] for r in sel)
+                   / max(sum(r["compared"] for r in sel), 1)}
             print(f"| {name} | {mode} | {len(sel)} | "
                   f"{max(r['max_abs_logit_drift'] for r in sel):.3f} | "
                   f"{agg['mean_abs_logit_drift']:.4f} | {agg['argmax_agreement']:.3f} | "

@@ -194,7 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--truncator", default=None, metavar="NAME|MODULE:CLASS",
                      help=f"add a truncator: {', '.join(sorted(TRUNCATORS))} or an import path")
     gen.add_argument("--cache", default=None,
-                     choices=["none", "prefix", "dual", "block_causal", "window"],
+                     choices=["none", "prefix", "dual", "block_causal", "window", "sub_block"],
                      help="default: the family default's cache (no --policy), else the "
                           "policy's preferred cache, else none")
     gen.add_argument("--gen-length", type=int, default=64)

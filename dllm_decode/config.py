@@ -35,7 +35,7 @@ class SamplerConfig:
             token per step, i.e. G). Adaptive policies ignore it.
         temperature: 0 -> argmax proposals; > 0 -> sampling (float64 Gumbel-max for LLaDA).
         cache: which positions each forward recomputes (``none``/``prefix``/``dual``/
-            ``block_causal``/``window``).
+            ``block_causal``/``window``/``sub_block``; ``dllm_decode.cache.plans``).
         refresh_every: with ``prefix``/``dual``, also refresh the cache every R steps inside
             a block (``None``: only at block start, as Fast-dLLM does); with ``window``, the
             phase length (Window-Diffusion ``refresh_cycle``; ``None``: 32).
@@ -76,6 +76,12 @@ class SamplerConfig:
             block's first position does not stop the row. **A reference quirk, off by
             default**: Fast-dLLM v2's ``batch_sample`` never checks the token its cache forward
             appends at a block boundary against the stop token, so it decodes on past it.
+        separate_prefill: block-diffusion caches (``block_causal``, ``sub_block``): the K/V of
+            the prompt's complete blocks are computed in a forward of their own before the first
+            step when the prompt ends inside a block, as Fast-dLLM v2's reference prefills (it
+            counts in ``forwards`` and every row's NFE). Off (default): the first step's forward
+            computes them too, one forward fewer for the same K/V and tokens. A block-aligned
+            prompt needs no extra forward either way (the first step is the prefill).
         decode_block_padding: block-diffusion models whose last block ends past the answer
             (``P + G`` not a multiple of the block size) decode that block in full and cut
             the canvas back to ``P + G`` afterwards. **A reference quirk, off by default**:
@@ -120,6 +126,7 @@ class SamplerConfig:
     eos_stop_on_commit: bool = False
     block_eos_stop: bool = False
     eos_skip_block_start: bool = False
+    separate_prefill: bool = False
     decode_block_padding: bool = False
     rng: str = "compact"
     allow_prompt_masks: bool = False

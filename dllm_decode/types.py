@@ -39,6 +39,7 @@ class CacheMode(str, Enum):
     DUAL = "dual"
     BLOCK_CAUSAL = "block_causal"
     WINDOW = "window"
+    SUB_BLOCK = "sub_block"
 
 
 class Impl(str, Enum):
@@ -263,15 +264,19 @@ class Generation:
     """Result of ``DiffusionSampler.generate``.
 
     tokens: ``[B, L]`` final canvas (prompt + generation, left padding kept).
-    nfe: ``[B]`` forwards each row took part in while it still had masked positions.
-    forwards: total model forward calls (a batched or CFG call counts once).
+    nfe: ``[B]`` forwards each row took part in while it still had masked positions (a
+        ``separate_prefill`` forward included; one per step for ``cache="sub_block"``).
+    forwards: total model forward calls (a batched or CFG call counts once; a
+        ``separate_prefill`` forward and both calls of a ``sub_block`` step whose rows
+        disagree included).
     steps: decoding steps (commit rounds) run.
     commit_step: ``[B, G]`` step at which each generated position was committed (-1 never).
     bits: ``[B, steps]`` information committed per step, sum of -log p of committed tokens.
     lengths: ``[B]`` generation length per row after truncation (EoTP), else G.
     refreshed: ``[B, steps]`` bool, whether the step's forward fully refreshed the row's cached
         K/V (every step without a cache); ``None`` when not recorded.
-    step_forwards: model calls per step (1, plus extra forwards such as S2D2's verifier).
+    step_forwards: model calls per step (1, plus extra forwards such as S2D2's verifier, or
+        2 for a ``sub_block`` step whose rows disagree; a separate prefill is no step).
     edits: ``[B, steps, G]`` bool, the generated positions each step rewrote after their
         commit (token editing, ``Capabilities(edits=True)``); ``None`` for policies that do not
         edit. ``commit_step`` keeps each position's first commit.

@@ -271,42 +271,84 @@ def fastdllm2_settings(case: dict[str, Any], row: int | None = None
     """(policy, sampler kwargs, stop token) reproducing a Fast-dLLM v2 case with the
     ``fastdllm_v2`` preset: the canvas the reference builds (the prompt's blocks plus
     ``max_new_tokens // block_size`` blocks, plus the next block's AR token when the last
-    block completes) and its stop rule (``batch_sample``: a row stops after the block in which
-    it committed the stop token, ``block_eos_stop``; ``generate``: as soon as the stop token
-    has nothing masked before it, ``stop_at_eos``). The model's EOS must be the case's stop
-    token; seeded cases sample as the reference (``mask_in_softmax``). Raises
-    ``UnmappedCaseField`` on anything else (``use_block_cache``, batches: not reproduced).
+    block completes), its cache (``use_block_cache``: ``cache="sub_block"``, else the exact
+    ``block_causal``), its prompt prefill as a forward of its own (``separate_prefill``: the
+    reference's forward count) and its stop rule (``batch_sample``: a row stops after the
+    block in which it committed the stop token, ``block_eos_stop``; ``generate``: as soon as
+    the stop token has nothing masked before it, ``stop_at_eos``). The model's EOS must be the
+    case's stop token; seeded cases sample as the reference (``mask_in_softmax``). Raises
+    ``UnmappedCaseField`` on anything else (a batch without ``row``; sampled or
+    ``use_block_cache`` batches; reference bugs: see the checks).
     ``row``: the settings of that row of a batched case decoded alone (its own prompt, the
     batch's number of blocks, ``max_new_tokens // block_size + max(seq_len) // block_size``)."""
     _only(case, FDV2_TOP, "case", case)
     a = case["args"]
     _only(a, FDV2_ARGS, "args", case)
-    if a.get("use_block_cache"):
-        raise UnmappedCaseField(f"{case['name']}: use_block_cache is not reproduced")
     k = a["block_size"]
     lengths = [len(r) for r in case["prompt_ids"]]
     if row is None and len(lengths) != 1:
-        raise UnmappedCaseField(f"{case['name']}: batched Fast-dLLM v2 cases are not mapped")
+        raise UnmappedCaseField(f"{case['name']}: a batched case is decoded row by row")
     if a.get("seq_len", lengths) != lengths or a.get("min_len", min(lengths)) != min(lengths):
         raise UnmappedCaseField(f"{case['name']}: seq_len / min_len != the prompt lengths")
     if a.get("temperature") and len(lengths) > 1:
         raise UnmappedCaseField(f"{case['name']}: the reference samples for row 0 only")
+    if a.get("use_block_cache") and len(lengths) > 1:
+        raise UnmappedCaseField(f"{case['name']}: batched use_block_cache refreshes every "
+                                "row's block cache when one row needs it (rows depend on their "
+                                "neighbours); cache='sub_block' rows decide alone")
+    if min(lengths) == k:
+        raise UnmappedCaseField(f"{case['name']}: min_len == block_size (the reference "
+                                "prefills nothing and decodes without the prompt's K/V)")
+    if len({n // k for n in lengths}) > 1:
+        raise UnmappedCaseField(f"{case['name']}: prompts ending in different blocks (the "
+                                "reference then decodes a longer row's blocks from a window "
+                                "not aligned to the block grid, a bug)")
     p = lengths[row or 0]
     gen = (max(lengths) // k + a["max_new_tokens"] // k) * k + 1 - p
+    if gen < 1:
+        raise UnmappedCaseField(f"{case['name']}: max_new_tokens < block_size leaves no block "
+                                "after the prompt's to decode")
     sample = case["reference_function"] == "batch_sample"
     params: dict[str, Any] = dict(
         gen_length=gen, threshold=a["threshold"], small_block_size=a["small_block_size"],
         temperature=a.get("temperature") or 0.0, top_p=a.get("top_p"), seed=case["seed"],
         rng="reference", block_eos_stop=sample, stop_at_eos=not sample,
-        eos_skip_block_start=sample,
+        eos_skip_block_start=sample, separate_prefill=True,
+        cache="sub_block" if a.get("use_block_cache") else "block_causal",
         mask_in_softmax=bool(a.get("temperature")))
     return "fastdllm_v2", params, a["stop_token"]
 
 
-def fastdllm2_forwards(case: dict[str, Any]) -> int:
-    """The reference's forwards that the library's block-causal plan merges into its first
-    step: the separate prefill of the prompt's full blocks when the prompt is longer than a
-    block and not block-aligned (aligned, that prefill also yields the first AR token, which
-    the library spends a step on)."""
-    k, p = case["args"]["block_size"], len(case["prompt_ids"][0])
-    return int(p > k and p % k != 0)
+def fastdllm2_batch_forwards(case: dict[str, Any], rows: list[Any]) -> int:
+    """The forwards of ``batch_sample`` on a batch whose rows, decoded alone, gave the
+    ``Generation`` s ``rows``: the reference moves the batch through each block's sub-blocks in
+    lockstep, one forward for all its rows per step, so a sub-block takes as many forwards as
+    its slowest row does alone (a row with no mask there commits nothing); each block ends with
+    one cache-commit forward (which predicts the next block's AR token) unless every row has
+    finished; rows that committed the stop token in a sub-block leave after that block (the
+    AR token is never checked, ``eos_skip_block_start``); the prompt's complete blocks up to
+    the shortest prompt are one prefill forward when that prompt is longer than a block. A
+    row's steps in a sub-block are read from its ``commit_step`` (a row alone commits in one
+    sub-block per step, or the block's AR token alone)."""
+    a = case["args"]
+    k, sub, stop = a["block_size"], a["small_block_size"], a["stop_token"]
+    lengths = [len(r) for r in case["prompt_ids"]]
+    n_blocks = a["max_new_tokens"] // k + max(lengths) // k
+    steps, tokens, last = [], [], []
+    for p, out in zip(lengths, rows, strict=True):
+        at, ids = out.commit_step[0].tolist(), out.tokens[0, p:].tolist()
+        steps.append({p + i: s for i, s in enumerate(at) if s >= 0 and (p + i) % k})
+        tokens.append(ids)
+        ends = [p + i for i, t in enumerate(ids) if t == stop and (p + i) % k]
+        last.append(ends[0] // k if ends else n_blocks)  # the block the row finishes in
+    total = int(min(lengths) > k)
+    running = list(range(len(rows)))
+    for blk in range(min(lengths) // k, n_blocks):
+        if not running:
+            break
+        for lo in range(blk * k, (blk + 1) * k, sub):
+            total += max(len({s for q, s in steps[r].items() if lo <= q < lo + sub})
+                         for r in running)
+        running = [r for r in running if last[r] > blk]
+        total += int(bool(running))
+    return total

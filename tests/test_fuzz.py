@@ -37,9 +37,11 @@ POLICIES: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in mask_preset
     # token editing over other selectors (edits bounded per block: ``samplers.editing``)
     ("edit", {"base": "low_confidence", "editing_threshold": 0.3, "max_post_steps": 2}),
     ("edit", {"base": "eb", "editing_threshold": 0.0}), ("llada21", {"mode": "speed"}),
+    # sub-blocks smaller than the block (cache="sub_block" refreshes per row)
+    ("fastdllm_v2", {"small_block_size": 2, "threshold": 0.5}),
 ]
 CACHES = {"llada": ["none", "prefix", "dual", "window"], "dream": ["none", "prefix", "dual"],
-          "sdar": ["none", "block_causal"]}
+          "sdar": ["none", "block_causal", "sub_block"]}
 #: greedy decodes whose tokens are not exactly batch-invariant by design
 RANDOM_ORDER = {"random", "origin", "s2d2"}
 
@@ -184,6 +186,14 @@ def test_fuzz_regressions(policy: str, kw: dict[str, Any]) -> None:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         _decode_and_check(choice=[name for name, _ in POLICIES].index(policy), **kw)
+
+
+@pytest.mark.parametrize("lengths, temperature, seed", [
+    ([5, 5, 5], 0.0, 1), ([3, 6, 7], 0.0, 2), ([4, 4], 0.8, 3), ([7], 0.0, 4)])
+def test_fuzz_sub_block_cache(lengths: list[int], temperature: float, seed: int) -> None:
+    """``cache="sub_block"`` under sub-blocks smaller than the block (the last policy)."""
+    _decode_and_check(family="sdar", choice=len(POLICIES) - 1, cache_pick=2, lengths=lengths,
+                      g=8, temperature=temperature, seed=seed)
 
 
 ADVERSARIES = ["nan", "neg_inf_half", "constant", "always_eos", "always_mask"]

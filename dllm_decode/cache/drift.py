@@ -1,4 +1,5 @@
-"""Measure how far an approximate cache (prefix / dual) drifts from full recomputation.
+"""Measure how far an approximate cache (prefix / dual / sub_block) drifts from full
+recomputation.
 
 Between refreshes the cached K/V of positions outside the fed span are stale; this runs a real
 decode with the cache and, at every step, recomputes the full canvas to compare the logits of
@@ -34,10 +35,20 @@ class _Probe:
     def init_memory(self, batch: int, length: int, device: torch.device) -> list:
         return self.records
 
+    def bind(self, model: Any, cfg: Any = None) -> _Probe:
+        """The probe over the bound selector (the same record list)."""
+        bind = getattr(self.inner, "bind", None)
+        return self if bind is None else replace(self, inner=bind(model, cfg))
+
     def select(self, state: StepState) -> Tensor:
-        rows = state.fresh[0].nonzero().flatten()
-        state.memory.append((state.canvas.clone(), rows, state.logits.clone(),
-                             bool(state.extras["refresh"]), state.eligible.clone()))
+        # the canvas rows of the logits ([R] or [B, R] per row) and whether each is scored
+        rows = state.rows if state.rows is not None else state.fresh[0].nonzero().flatten()
+        rows = rows if rows.dim() == 2 else rows[None].expand(state.canvas.shape[0], -1)
+        scored = state.fresh.gather(1, rows)
+        refreshed = (state.refreshed if state.refreshed is not None
+                     else torch.full_like(scored[:, 0], bool(state.extras["refresh"])))
+        state.memory.append((state.canvas.clone(), rows.clone(), state.logits.clone(),
+                             refreshed.clone(), state.eligible.gather(1, rows), scored))
         return self.inner.select(state)
 
 
@@ -47,9 +58,10 @@ def measure_drift(model: Any, prompt: Tensor, *, gen_length: int, block_length: 
                   **params: Any) -> dict[str, float]:
     """Decode with ``mode`` and compare each step's logits with a full forward.
 
-    Returns max / mean absolute logit drift over the scored rows of non-refresh steps, the
-    argmax agreement with full recomputation on eligible rows, and the max difference on refresh
-    steps (which must be ~0).
+    Returns max / mean absolute logit drift over the scored rows of non-refresh steps (per
+    row: ``sub_block`` refreshes rows one by one), the argmax agreement with full recomputation
+    on eligible rows, and the max difference on refreshed rows (which must be ~0). ``prompt``
+    ``[B, P]`` without padding.
     """
     from dllm_decode.samplers.sampler import DiffusionSampler
 
@@ -62,17 +74,20 @@ def measure_drift(model: Any, prompt: Tensor, *, gen_length: int, block_length: 
     valid = torch.ones(prompt.shape[0], prompt.shape[1] + gen_length, dtype=torch.bool)
     full_plan = ForwardPlan(model, CacheMode.NONE, valid, model.rope_positions(valid))
     drift, agree, total, refresh_max = [], 0, 0, 0.0
-    for canvas, rows, logits, refresh, eligible in records:
-        lo, hi = int(rows[0]), int(rows[-1]) + 1
-        full = full_plan.forward(canvas, (lo, hi), lo, 0, lo, full_span=False).logits
-        keep = torch.isfinite(logits)  # the sampler sets the mask token's logit to -inf
+    length = valid.shape[1]
+    for canvas, rows, logits, refreshed, eligible, scored in records:
+        full = full_plan.forward(canvas, (0, length), 0, 0, 0, full_span=True).logits
+        full = full.gather(1, rows[..., None].expand(-1, -1, full.shape[-1]))
+        keep = torch.isfinite(logits) & scored[..., None]  # the mask token's logit is -inf
         diff = torch.where(keep, (logits.float() - full.float()).abs(), 0.0)
-        if refresh:
-            refresh_max = max(refresh_max, float(diff.max()))
+        if refreshed.any():
+            refresh_max = max(refresh_max, float(diff[refreshed].max()))
+        stale = ~refreshed
+        if not stale.any():
             continue
-        drift.append(diff)
-        el = eligible[:, rows]
-        agree += int((logits.argmax(-1) == full.argmax(-1))[el].sum())
+        drift.append(diff[stale])
+        el = (eligible & scored)[stale]
+        agree += int((logits.argmax(-1) == full.argmax(-1))[stale][el].sum())
         total += int(el.sum())
     stacked = torch.cat([d.flatten() for d in drift]) if drift else torch.zeros(1)
     return {
@@ -80,5 +95,6 @@ def measure_drift(model: Any, prompt: Tensor, *, gen_length: int, block_length: 
         "max_abs_logit_drift": float(stacked.max()),
         "mean_abs_logit_drift": float(stacked.mean()),
         "argmax_agreement": agree / max(total, 1),
+        "compared": float(total),  # eligible rows behind the agreement (0: none was stale)
         "refresh_max_abs": refresh_max,
     }

@@ -12,6 +12,9 @@
 
 * ``window`` (Window-Diffusion): phases of full and pruned steps over per-row position sets;
   see ``dllm_decode.cache.window`` (built by ``make_plan``).
+* ``sub_block`` (Fast-dLLM v2's ``use_block_cache``): ``block_causal`` across blocks; inside a
+  block, each row's current sub-block alone against the block's K/V of its last refresh
+  (approximate); see ``dllm_decode.cache.sub_block``. ``separate_prefill``: ``prefill``.
 
 Every fed span writes its fresh K/V in place (positions are distinct), then attends over the
 cache. Models with shifted logits (Dream) get one extra row on the left so the first position of
@@ -59,6 +62,8 @@ class Fed:
     refresh: bool
     double_draw: bool = False
     live: Tensor | None = None
+    #: model calls this forward made (``sub_block`` runs two in a step whose rows disagree)
+    calls: int = 1
     refreshed: Tensor | None = None
     #: ``(lo, hi)`` when ``rows`` is the contiguous ``arange(lo, hi)`` (the sampler then works
     #: on the span with cached masks instead of scattering)
@@ -122,8 +127,9 @@ class ForwardPlan:
     def __init__(self, model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
                  refresh_every: int | None = None, *, causal_prefix: bool = False,
                  cache: BlockKVCache | None = None) -> None:
-        if mode is CacheMode.BLOCK_CAUSAL and model.attention != "block_causal":
-            raise ValueError("cache='block_causal' needs a block-diffusion model; this model's "
+        if mode in (CacheMode.BLOCK_CAUSAL, CacheMode.SUB_BLOCK) and (
+                model.attention != "block_causal"):
+            raise ValueError(f"cache={mode.value!r} needs a block-diffusion model; this model's "
                              f"attention is {model.attention!r} (use none, prefix or dual)")
         if model.attention == "block_causal" and mode in (CacheMode.PREFIX, CacheMode.DUAL):
             raise ValueError(f"cache={mode.value!r} is for bidirectional models; block-diffusion "
@@ -326,6 +332,21 @@ class ForwardPlan:
         return Feed(start, be, max(lo, aligned_start), be, True, aligned_start,
                     be - aligned_start, step_in_block == 0)
 
+    def prefill(self, canvas: Tensor, start: int, end: int, aligned: int) -> int:
+        """``separate_prefill``: the K/V of the prompt's complete blocks ``[0, aligned)`` in a
+        forward of their own (as Fast-dLLM v2's reference prefills) when the first block
+        ``(start, end)`` begins inside the prompt's last block (``start > aligned > 0``; by
+        default the first step computes them). A block-aligned prompt needs none: the first
+        step is that prefill (it predicts the first answer token). Returns 0 or 1 calls."""
+        if self.mode not in (CacheMode.BLOCK_CAUSAL, CacheMode.SUB_BLOCK):
+            raise ValueError("separate_prefill needs cache='block_causal' or 'sub_block' "
+                             f"(a block-diffusion model's K/V cache); cache is {self.mode.value!r}")
+        if aligned == 0 or start == aligned:
+            return 0
+        self._run(canvas, 0, aligned, aligned - 1, aligned, True)  # stores K/V; logits unused
+        self.clean_upto = aligned
+        return 1
+
     def run(self, canvas: Tensor, feed: Feed) -> Fed:
         """The tensor half of ``forward``: the model over ``feed``'s span (no host sync)."""
         logits = self._run(canvas, feed.start, feed.end, feed.lo, feed.hi, feed.use_cache)
@@ -363,10 +384,20 @@ class ForwardPlan:
 
 
 def make_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
-              cfg: Any, family: str = "", cache: BlockKVCache | None = None) -> ForwardPlan:
+              cfg: Any, family: str = "", cache: BlockKVCache | None = None,
+              sub_block: int | None = None) -> ForwardPlan:
     """The plan for ``mode`` built from a ``SamplerConfig`` (window sizes, refresh, prefix);
-    ``cache``: a K/V cache to reuse (``ForwardPlan``; not for ``window``)."""
+    ``cache``: a K/V cache to reuse (``ForwardPlan``; not for ``window``); ``sub_block``: the
+    selector's sub-block size (``Capabilities.sub_block_size``; ``cache="sub_block"``)."""
     causal = bool(cfg.causal_prefix)
+    if mode is CacheMode.SUB_BLOCK:
+        from dllm_decode.cache.sub_block import SubBlockPlan
+
+        if cfg.cfg_scale > 0:  # its rows choose their own sub-blocks: the halves would differ
+            raise ValueError("cache='sub_block' does not support classifier-free guidance "
+                             "(cfg_scale > 0); use cache='block_causal'")
+        return SubBlockPlan(model, valid, positions, sub_block, causal_prefix=causal,
+                            cache=cache)
     if mode is CacheMode.WINDOW:
         from dllm_decode.cache.window import WindowPlan
 

@@ -31,7 +31,8 @@ from typing import Any, Final
 
 from dllm_decode.types import OPTIONAL_FIELDS, PROPOSAL_FIELDS, ScoreKind
 
-_CACHES: Final[tuple[str, ...]] = ("none", "prefix", "dual", "block_causal", "window")
+_CACHES: Final[tuple[str, ...]] = ("none", "prefix", "dual", "block_causal", "window",
+                                   "sub_block")
 _SCHEDULES: Final[tuple[str, ...]] = ("llada", "dream")
 _ATTENTIONS: Final[tuple[str, ...]] = ("bidirectional", "block_causal")
 #: how a model marks unknown positions (``model.noise_kind``; models without one: ``mask``)
@@ -104,6 +105,10 @@ class Capabilities:
         max_post_steps: with ``edits``, the steps a block may run after its last mask is
             committed (LLaDA2.1 ``max_post_steps``; a post step that edits nothing ends the
             row's block). Must be 0 without ``edits``.
+        sub_block_size: the selector commits inside sub-blocks of this many positions
+            (aligned inside the block, each row's first sub-block with a mask), as Fast-dLLM
+            v2's rule does; ``cache="sub_block"`` (``cache.sub_block``) feeds them. ``None``:
+            no sub-blocks.
     """
 
     budgeted: bool = True
@@ -125,6 +130,7 @@ class Capabilities:
     edits: bool = False
     samples_tokens: bool = False
     max_post_steps: int = 0
+    sub_block_size: int | None = None
 
     def __post_init__(self) -> None:
         kinds = self.noise_kinds
@@ -148,6 +154,10 @@ class Capabilities:
         if post and not self.edits:
             raise ValueError("Capabilities.max_post_steps needs edits=True (post steps exist "
                              "only for selectors that rewrite committed positions)")
+        sub = self.sub_block_size
+        if sub is not None and (isinstance(sub, bool) or not isinstance(sub, int) or sub < 1):
+            raise ValueError(f"Capabilities.sub_block_size must be None or an int >= 1, got "
+                             f"{sub!r}")
         if self.edits and self.reads_masked_only:
             raise ValueError("Capabilities(edits=True) reads committed positions: "
                              "reads_masked_only must be False")

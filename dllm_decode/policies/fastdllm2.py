@@ -14,15 +14,23 @@ LM) becomes the next block's first token. In the one loop, with ``cache="block_c
 forward is the next block's first step: ``SubBlockThreshold`` commits a block's first
 position alone at its argmax when it is still masked (the AR token), then the sub-blocks.
 
+The reference's ``use_block_cache=True`` (sub-block-only forwards against the block's K/V of
+its last full forward) is ``cache="sub_block"`` (``dllm_decode.cache.sub_block``; approximate,
+off by default as in the reference's ``eval.py``). The reference computes the prompt's complete
+blocks in a prefill forward of its own; ``separate_prefill=True`` does the same and counts it
+(by default the first step's forward computes them: one forward fewer when the prompt is
+longer than a block and ends inside one, the same tokens).
+
 Deviations: rows of a batch are independent (the reference moves its batch sub-block by
-sub-block together, and its top-p sampling draws for row 0 only, a bug: batched sampling is
-not reproduced); the mask token is not in the sampling distribution unless
-``mask_in_softmax`` (the reference's softmax keeps it); the reference runs the prompt's full
-blocks in a separate prefill forward (one more forward when the prompt is longer than a block
-and not block-aligned) where the block-causal plan computes them in the first step's forward;
-``use_block_cache`` (sub-block-only forwards reusing the block's K/V) is not provided;
-``batch_sample`` never checks a block's AR token against the stop token (a bug: here an EOS
-there stops the row like any other, ``block_eos_stop``; ``eos_skip_block_start`` reproduces it).
+sub-block together, so its NFE is the batch's lockstep count; with ``use_block_cache`` it
+refreshes the whole batch when one row needs it; and its top-p sampling draws for row 0 only,
+a bug: batched sampling is not reproduced); the mask token is not in the sampling distribution
+unless ``mask_in_softmax`` (the reference's softmax keeps it); ``batch_sample`` never checks a
+block's AR token against the stop token (a bug: here an EOS there stops the row like any
+other, ``block_eos_stop``; ``eos_skip_block_start`` reproduces it); the reference's in-block
+forwards omit ``block_size`` and so build their block-causal mask with blocks of 32, which
+equals the requested block's mask only when the block size divides 32 (the released 32, and
+every recorded case); other sizes follow the model's block here.
 """
 
 from __future__ import annotations
@@ -75,7 +83,7 @@ class SubBlockThreshold:
         return Capabilities(budgeted=False, preferred_cache="block_causal",
                             requires_attention="block_causal", proposal_fields=(),
                             reads_masked_only=not sample, needs_logits=sample,
-                            samples_tokens=sample)
+                            samples_tokens=sample, sub_block_size=self.small_block_size)
 
     def __post_init__(self) -> None:
         check_fields(self, "SubBlockThreshold")
@@ -142,7 +150,8 @@ class SubBlockThreshold:
 def fastdllm_v2_policy(threshold: float = 0.9, small_block_size: int = 8,
                        mask_in_softmax: bool = False) -> SubBlockThreshold:
     """The ``fastdllm_v2`` preset (``v2/eval.py`` defaults: threshold 0.9, sub-blocks of 8;
-    the model's block size, 32 released), with its block-level cache (``block_causal``).
+    the model's block size, 32 released), with the exact block-level cache (``block_causal``;
+    ``cache="sub_block"`` is the reference's ``use_block_cache``).
     ``mask_in_softmax``: the reference's sampling distribution (see ``SubBlockThreshold``)."""
     return SubBlockThreshold(threshold=threshold, small_block_size=small_block_size,
                              mask_in_softmax=mask_in_softmax)

@@ -67,6 +67,8 @@ def unsupported(*, plan: ForwardPlan, cfg: Any, caps: Any, parts: tuple[Any, Any
         (on_step is not None, "an on_step callback reads every step on the host"),
         (debug, "debug=True checks every commit on the host"),
         (cfg.cfg_scale > 0, "classifier-free guidance is not wired into the static step"),
+        (plan.mode is CacheMode.SUB_BLOCK,
+         "cache='sub_block' decides each row's forward (refresh or sub-block) on the host"),
         (plan.mode is CacheMode.WINDOW or type(plan) is not ForwardPlan,
          "cache='window' feeds per-row position sets whose width is read on the host"),
         (cfg.temperature > 0, "temperature > 0 draws from a torch.Generator each step"),

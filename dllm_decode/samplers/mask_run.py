@@ -96,7 +96,8 @@ class MaskRun:
         plan = self.plan = make_plan(model, cfg.cache, model_valid, model_pos,
                                      replace(cfg, causal_prefix=causal), family,
                                      cache=graphs and graphs.cache_for(
-                                         cfg.cache, model_valid.shape, device))  # graphs' K/V
+                                         cfg.cache, model_valid.shape, device),  # graphs' K/V
+                                     sub_block=sel_caps.sub_block_size)
         plan.draft_causal = sel_caps.draft_causal  # S2D2 draft_ver
         maker = self.maker = ProposalMaker(model, cfg, family, gen)
         maker.after_select = sel_caps.proposes_after_select
@@ -158,6 +159,12 @@ class MaskRun:
             self.canvas, self.commit_at, self.commit_prob = graphed.canvas, \
                 graphed.commit_at, graphed.commit_prob
             self.lengths = graphed.lengths
+        if cfg.separate_prefill:  # the prompt's complete blocks in a forward of their own
+            now = self.canvas
+            n_pre = plan.prefill(torch.cat([now, now.masked_fill(self.prompt_index, mask_id)])
+                                 if cfg_on else now, *self.layout[0])
+            self.forwards += n_pre
+            self.took_part += [torch.ones(b, dtype=torch.bool, device=device)] * n_pre
         self.no_edit = torch.zeros(b, g, dtype=torch.bool, device=device)
         self.no_budget = torch.zeros(b, dtype=torch.long, device=device)
 
@@ -249,7 +256,7 @@ class MaskRun:
             return None
         fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned, i,
                                 self.lo, self.full_span, host=self.host)
-        self.forwards += 1
+        self.forwards += fed.calls  # two where rows of a sub-block cache step disagree
         return fed
 
     def post(self, fed: Any, i: int) -> None:
@@ -331,7 +338,7 @@ class MaskRun:
                 self.fuse, self.maker, self.guard, fed, logits, rows, masked, eligible, budget,
                 expected, self.canvas, self.commit_at, self.commit_prob, step, self.n_masked,
                 in_rows, stall_limit):
-            self.step_forwards.append(1)  # (samplers.fused) canvas and records in place
+            self.step_forwards.append(fed.calls)  # (samplers.fused) records in place
         else:
             info = dict(
                 step=step, block=self.blk, block_start=bs, block_end=be, gen_start=p,
@@ -361,7 +368,7 @@ class MaskRun:
             if self.debug:
                 check_commit(self.state, out.selected,
                              allow_empty=self.sel_caps.may_commit_nothing)
-            self.step_forwards.append(1 + self.step_model.calls)
+            self.step_forwards.append(fed.calls + self.step_model.calls)
             if self.truncator is not None:
                 new_len = self.truncator.truncate(self.state, self.commit).clamp(max=self.g)
                 self.lengths = torch.minimum(self.lengths, new_len)
