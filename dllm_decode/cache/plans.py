@@ -29,83 +29,16 @@ step and hands back to ``forward`` as ``host``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from dllm_decode.cache.fed import Fed, Feed
 from dllm_decode.cache.kv import BlockKVCache
 from dllm_decode.models.base import DiffusionLM
 from dllm_decode.models.functional import block_causal_mask
 from dllm_decode.types import CacheMode
-
-
-@dataclass
-class Fed:
-    """What one forward computed.
-
-    logits: ``[B', R, V]`` for canvas positions ``rows``: ``[R]`` long shared by the batch (the
-    contiguous fast path), or ``[B', R]`` per row (pruned forwards; a row's list may repeat an
-    entry as padding). ``live`` (``[B', R]`` bool, ``None``: all) marks the entries whose logits
-    are meaningful for that row. fed_start / fed_width: the canvas span the *reference*
-    decoder's forward covers (random draws in ``rng="reference"`` mode use this shape).
-    ``refresh``: every row had a full refresh; ``refreshed`` (``[B']`` bool, ``None``: all rows
-    equal ``refresh``) says it per row. ``double_draw``: Fast-dLLM's prefix loop draws (and
-    discards) one extra Gumbel tensor.
-    """
-
-    logits: Tensor
-    rows: Tensor
-    fed_start: int
-    fed_width: int
-    refresh: bool
-    double_draw: bool = False
-    live: Tensor | None = None
-    #: model calls this forward made (``sub_block`` runs two in a step whose rows disagree)
-    calls: int = 1
-    refreshed: Tensor | None = None
-    #: ``(lo, hi)`` when ``rows`` is the contiguous ``arange(lo, hi)`` (the sampler then works
-    #: on the span with cached masks instead of scattering)
-    span: tuple[int, int] | None = None
-
-    def fresh_mask(self, batch: int, length: int) -> Tensor:
-        """``[batch, length]`` bool: canvas positions with fresh logits in each row (the first
-        ``batch`` rows of the fed batch, i.e. the conditional half under CFG)."""
-        device = self.logits.device
-        if self.rows.dim() == 1 and self.live is None:
-            fresh = torch.zeros(length, dtype=torch.bool, device=device)
-            fresh[self.rows] = True
-            return fresh[None].expand(batch, -1)
-        rows = self.rows[:batch] if self.rows.dim() == 2 else self.rows.expand(batch, -1)
-        live = torch.ones_like(rows, dtype=torch.bool) if self.live is None else self.live[:batch]
-        hits = torch.zeros(batch, length, dtype=torch.long, device=device)
-        hits.scatter_add_(1, rows, live.long())  # padding repeats an entry: add, never race
-        return hits > 0
-
-    def refreshed_rows(self, batch: int) -> Tensor:
-        """``[batch]`` bool: rows whose forward was a full refresh."""
-        if self.refreshed is not None:
-            return self.refreshed[:batch]
-        return torch.full((batch,), self.refresh, dtype=torch.bool, device=self.logits.device)
-
-
-@dataclass(frozen=True)
-class Feed:
-    """The host integers of one step's forward (``ForwardPlan.feed``): the model is fed canvas
-    positions ``[start, end)`` (against the cache when ``use_cache``) and scores the rows
-    ``[lo, hi)``; ``fed_start`` / ``fed_width`` / ``refresh`` / ``double_draw`` are ``Fed``'s.
-    Two steps with equal ``Feed`` run the same tensor program (a captured step's key)."""
-
-    start: int
-    end: int
-    lo: int
-    hi: int
-    use_cache: bool
-    fed_start: int
-    fed_width: int
-    refresh: bool
-    double_draw: bool = False
 
 
 class ForwardPlan:

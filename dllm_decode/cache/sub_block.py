@@ -44,8 +44,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.cache.fed import Fed
 from dllm_decode.cache.kv import BlockKVCache
-from dllm_decode.cache.plans import Fed, ForwardPlan
+from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.types import CacheMode
 
 

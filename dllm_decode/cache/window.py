@@ -40,7 +40,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import Fed, ForwardPlan
+from dllm_decode.cache.fed import Fed
+from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.models.base import DiffusionLM
 from dllm_decode.types import CacheMode
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import Fed
+from dllm_decode.cache.fed import Fed
 from dllm_decode.policies.adaptive import Threshold, threshold_mask
 from dllm_decode.policies.base import topk_mask
 from dllm_decode.policies.capabilities import Capabilities

@@ -29,11 +29,11 @@ from dllm_decode.samplers.editing import EditTracker
 from dllm_decode.samplers.fused import fused_step, span_selector
 from dllm_decode.samplers.graph import graph_run
 from dllm_decode.samplers.proposals import ProposalMaker
+from dllm_decode.samplers.records import mask_generation
 from dllm_decode.samplers.step import (
     SpanMasks,
     StepModelView,
     StepParts,
-    bits_per_step,
     end_rows_at_eos,
     fill_after_eos,
     step_progress,
@@ -381,26 +381,6 @@ class MaskRun:
     # ---- after the loop ----
 
     def finish(self) -> Generation:
-        """The contract's end check (one sync) and the ``Generation``."""
-        b, p, g, g_out, device = self.b, self.p, self.g, self.g_out, self.device
-        canvas, lengths, commit_at = self.canvas, self.lengths, self.commit_at
-        self.guard.finish(canvas[:, p:], self.mask_id, check_masks=self.lo == p)
-        if self.graphed is not None:  # the buffers are the next generation's
-            canvas, lengths = canvas.clone(), lengths.clone()
-        took_part = self.took_part
-        nfe = (torch.stack(took_part, 1).sum(1) if took_part
-               else torch.zeros(b, dtype=torch.long, device=device))
-        bits_t = bits_per_step(commit_at, self.commit_prob, self.step)
-        refreshed_t = (torch.stack(self.refreshed, 1) if self.refreshed
-                       else torch.zeros(b, 0, dtype=torch.bool, device=device))
-        edits = None
-        if self.tracker is not None:
-            edits = (torch.stack(self.edit_log, 1) if self.edit_log
-                     else torch.zeros(b, 0, g, dtype=torch.bool, device=device))
-        if g != g_out:  # decode_block_padding: the padding positions are cut
-            canvas, commit_at = canvas[:, :p + g_out], commit_at[:, :p + g_out]
-            lengths, edits = lengths.clamp(max=g_out), None if edits is None else edits[..., :g_out]
-        return Generation(tokens=canvas, nfe=nfe, forwards=self.forwards, steps=self.step,
-                          prompt_length=p, commit_step=commit_at[:, p:].clone(), bits=bits_t,
-                          lengths=lengths, refreshed=refreshed_t,
-                          step_forwards=self.step_forwards, edits=edits)
+        """The contract's end check (one sync) and the ``Generation``
+        (``samplers.records.mask_generation``)."""
+        return mask_generation(self)

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from dllm_decode import kernels
-from dllm_decode.cache.plans import Fed
+from dllm_decode.cache.fed import Fed
 from dllm_decode.config import SamplerConfig
 from dllm_decode.kernels import reference
 from dllm_decode.kernels.reference import filter_logits

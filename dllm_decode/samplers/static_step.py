@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import Fed, Feed, ForwardPlan
+from dllm_decode.cache.fed import Fed, Feed
+from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.samplers.contract import expected_rows
 from dllm_decode.samplers.step import post_forward
 

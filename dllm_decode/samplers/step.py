@@ -20,7 +20,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import Fed, ForwardPlan
+from dllm_decode.cache.fed import Fed
+from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.samplers.contract import PolicyContractError, StepGuard
 from dllm_decode.samplers.proposals import ProposalMaker, widen, widen_at
 from dllm_decode.types import Selection, StepState
