@@ -181,6 +181,12 @@ class SamplerConfig:
         check(0 < self.eps < 1, f"eps must be in (0, 1), got {self.eps}")
         check(self.max_steps_per_block is None or self.max_steps_per_block >= 1,
               f"max_steps_per_block must be >= 1 or None, got {self.max_steps_per_block!r}")
+        # options that refine another one: alone they would be silently ignored
+        for name, base in (("eos_stop_on_commit", "stop_at_eos"),
+                           ("eos_skip_block_start", "block_eos_stop")):
+            check(not getattr(self, name) or getattr(self, base),
+                  f"{name}=True refines {base} and does nothing without it: pass {base}=True "
+                  f"too, or leave {name}=False")
 
     @property
     def num_blocks(self) -> int:

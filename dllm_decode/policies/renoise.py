@@ -139,8 +139,11 @@ class Renoise:
     def __post_init__(self) -> None:
         if self.eos_token_ids is not None:
             ids = self.eos_token_ids
-            ids = (ids,) if isinstance(ids, int) else ids
-            object.__setattr__(self, "eos_token_ids", tuple(int(e) for e in ids))
+            ids = tuple(ids) if isinstance(ids, (list, tuple)) else (ids,)
+            if not all(isinstance(e, int) and not isinstance(e, bool) and e >= 0 for e in ids):
+                raise ValueError(f"Renoise: eos_token_ids must be None (the model's), a token "
+                                 f"id >= 0 or a list of them, got {self.eos_token_ids!r}")
+            object.__setattr__(self, "eos_token_ids", tuple(ids))
         if self.accept is None:
             object.__setattr__(self, "accept", EntropyBoundAccept())
         check_fields(self, "Renoise")

@@ -148,6 +148,9 @@ class DiffusionSampler:
             raise ValueError(f"compile={compile!r} compiles the mask-model step; a "
                              f"{self.noise_kind}-noise model ({type(model).__name__}) runs its "
                              "step eagerly: use compile=False")
+        if graphs is not None and not isinstance(graphs, bool):
+            raise ValueError(f"graphs must be None (on for CUDA where the settings allow), True "
+                             f"or False, got {graphs!r}")
         self.debug = debug
         self.compile = compile
         self._compiled: Any = None  # the compiled step, built on first use (per device)

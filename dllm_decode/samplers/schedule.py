@@ -110,6 +110,11 @@ def decode_layout(model: Any, cfg: SamplerConfig, p: int,
     from dllm_decode.config import check_block_division  # noqa: PLC0415 (import cycle)
 
     check_block_division(cfg)
+    quirks = [n for n in ("decode_block_padding", "eos_skip_block_start") if getattr(cfg, n)]
+    if quirks:
+        raise ValueError(f"{quirks} apply to block-diffusion models (attention 'block_causal', "
+                         "blocks of the model's own size); this model decodes prompt-relative "
+                         f"blocks (attention {model.attention!r}): leave them False")
     k = cfg.block_length or cfg.gen_length
     return [(s, e, s) for s, e in blocks(p, cfg.gen_length, k)]
 

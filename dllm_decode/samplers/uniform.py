@@ -106,10 +106,15 @@ def check_uniform_config(model: Any, cfg: SamplerConfig) -> tuple[int, int, int]
                                  ("cfg_scale", cfg.cfg_scale > 0),
                                  ("allow_prompt_masks", cfg.allow_prompt_masks),
                                  ("exact_steps", cfg.exact_steps),
-                                 ("logits_eos_inf", cfg.logits_eos_inf)) if on]
+                                 ("logits_eos_inf", cfg.logits_eos_inf),
+                                 ("separate_prefill", cfg.separate_prefill),
+                                 ("decode_block_padding", cfg.decode_block_padding),
+                                 ("block_eos_stop", cfg.block_eos_stop),
+                                 ("eos_stop_on_commit", cfg.eos_stop_on_commit)) if on]
     if bad:
         raise ValueError(f"{bad} do not apply to a uniform-noise model (it always caches the "
-                         "encoded prefix and decodes each canvas in full); leave them unset")
+                         "encoded prefix, decodes each canvas in full and ends a row at its "
+                         "EOS itself); leave them unset")
     n = math.ceil(cfg.gen_length / c)
     if cfg.steps is not None and cfg.steps % n:
         raise ValueError(f"steps ({cfg.steps}) is the total over {n} canvases of {c} tokens and "
