@@ -56,11 +56,14 @@ def _default(model: Any, key: str) -> Any:
     return gen.get(key, DEFAULTS[key])
 
 
-def step_temperature(remaining: int, steps: int, t_min: float, t_max: float,
+def step_temperature(remaining: int | Tensor, steps: int, t_min: float, t_max: float,
                      device: torch.device | None = None) -> Tensor:
-    """``t = t_min + (t_max - t_min) * remaining / steps`` as a float32 0-d tensor, computed in
-    the reference's float32 order (``remaining`` counts down from ``steps`` to 1)."""
-    frac = torch.tensor(remaining, dtype=torch.int32, device=device) / steps
+    """``t = t_min + (t_max - t_min) * remaining / steps`` as a float32 tensor, computed in the
+    reference's float32 order (``remaining`` counts down from ``steps`` to 1): 0-d for an int,
+    elementwise for an int32 tensor of ``remaining`` values (``Renoise.temperatures``)."""
+    if not isinstance(remaining, Tensor):
+        remaining = torch.tensor(remaining, dtype=torch.int32, device=device)
+    frac = remaining / steps
     return t_min + (t_max - t_min) * frac
 
 
@@ -181,12 +184,19 @@ class Renoise:
             t_min=float(_default(model, "t_min")) if self.t_min is None else self.t_min,
             t_max=float(_default(model, "t_max")) if self.t_max is None else self.t_max)
 
-    def temperature(self, remaining: int, steps: int, device: torch.device | None = None
-                    ) -> Tensor:
+    def temperature(self, remaining: int | Tensor, steps: int,
+                    device: torch.device | None = None) -> Tensor:
         """The step's temperature (``remaining`` = steps left including this one)."""
         t_min = DEFAULTS["t_min"] if self.t_min is None else self.t_min
         t_max = DEFAULTS["t_max"] if self.t_max is None else self.t_max
         return step_temperature(remaining, steps, t_min, t_max, device)
+
+    def temperatures(self, steps: int, device: torch.device | None = None) -> Tensor:
+        """``[steps]`` float32: step ``i``'s temperature at ``[i]`` (``temperature(steps - i,
+        steps)``), made once per generation: indexing it in the step loop copies nothing from
+        the host (a ``torch.tensor`` per step is a blocking host-to-device copy on CUDA)."""
+        remaining = torch.arange(steps, 0, -1, dtype=torch.int32, device=device)
+        return self.temperature(remaining, steps)
 
     def select(self, state: StepState) -> Tensor:
         """``[B, L]`` accepted positions (a subset of ``eligible``, which the loop checks); the

@@ -73,6 +73,9 @@ class MaskRun:
         device = self.device = prompt.device
         mask_id = self.mask_id = model.mask_token_id
         self.fill_id = model.eos_token_ids[0] if model.eos_token_ids else mask_id
+        # [E] EOS ids on the device, made once (``fill_after_eos`` / ``end_rows_at_eos``)
+        self.eos_ids = (torch.tensor(model.eos_token_ids, device=device)
+                        if model.eos_token_ids else None)
 
         canvas = torch.cat([prompt, torch.full((b, g), mask_id, device=device)], dim=1)
         valid = torch.cat([valid_prompt, torch.ones(b, g, dtype=torch.bool, device=device)], 1)
@@ -196,8 +199,8 @@ class MaskRun:
     def end_block(self, blk: int) -> bool:
         """``block_eos_stop``: rows with an EOS end here. Never ends the generation early."""
         cfg, model = self.cfg, self.model
-        if cfg.block_eos_stop and model.eos_token_ids:
-            self.canvas = end_rows_at_eos(self.canvas, self.mask_id, model.eos_token_ids,
+        if cfg.block_eos_stop and self.eos_ids is not None:
+            self.canvas = end_rows_at_eos(self.canvas, self.mask_id, self.eos_ids,
                                           self.p, self.be, self.fill_id,
                                           getattr(model, "block_size", None)
                                           if cfg.eos_skip_block_start else None)
@@ -266,13 +269,13 @@ class MaskRun:
             self._post_graphed(i)
         else:
             self._post_eager(fed, i)
-        cfg, model = self.cfg, self.model
-        if cfg.stop_at_eos and model.eos_token_ids:
+        cfg = self.cfg
+        if cfg.stop_at_eos and self.eos_ids is not None:
             if fed is None:
-                self.canvas = fill_after_eos(self.canvas, self.mask_id, model.eos_token_ids,
+                self.canvas = fill_after_eos(self.canvas, self.mask_id, self.eos_ids,
                                              self.p, self.fill_id)
             else:
-                self.canvas = fill_after_eos(self.canvas, self.mask_id, model.eos_token_ids,
+                self.canvas = fill_after_eos(self.canvas, self.mask_id, self.eos_ids,
                                              self.p, self.fill_id,
                                              committed_at=self.step if cfg.eos_stop_on_commit
                                              else None, commit_at=self.commit_at)

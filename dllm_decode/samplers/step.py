@@ -263,15 +263,21 @@ def step_progress(value: float, compiled: bool | str, device: torch.device) -> f
     return torch.tensor(value, dtype=torch.float64, device=device)
 
 
-def fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int,
+def _ids_on(ids: tuple[int, ...] | Tensor, device: torch.device) -> Tensor:
+    """Token ids as a tensor on ``device`` (the loop passes a tensor it made once: a
+    ``torch.tensor`` per step would be a blocking host-to-device copy on CUDA)."""
+    return ids if isinstance(ids, Tensor) else torch.tensor(ids, device=device)
+
+
+def fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...] | Tensor, p: int,
                    fill_id: int, *, committed_at: int | None = None,
                    commit_at: Tensor | None = None) -> Tensor:
     """Rows with a committed EOS and nothing masked before it: masks after it become EOS.
     With ``committed_at`` (a step) only rows that committed an EOS at that step
     (``commit_at [B, L]``: each position's commit step) are checked (LLaDA2.0's
-    ``eos_early_stop``)."""
+    ``eos_early_stop``). ``canvas [B, L]``; ``eos_ids``: ids or a ``[E]`` tensor of them."""
     gen = canvas[:, p:]
-    is_eos = torch.isin(gen, torch.tensor(eos_ids, device=canvas.device))
+    is_eos = torch.isin(gen, _ids_on(eos_ids, canvas.device))
     now = None
     if committed_at is not None and commit_at is not None:
         now = (is_eos & (commit_at[:, p:] == committed_at)).any(1)
@@ -283,13 +289,13 @@ def fill_after_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: in
     return torch.cat([canvas[:, :p], torch.where(fill, fill_id, gen)], dim=1)
 
 
-def end_rows_at_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...], p: int, end: int,
-                    fill_id: int, skip_every: int | None = None) -> Tensor:
-    """After a block ending at ``end``: rows whose generated part ``[p, end)`` holds an EOS
-    stop (their masks past ``end`` become ``fill_id``; ``SamplerConfig.block_eos_stop``).
-    ``skip_every``: EOS tokens at multiples of it (block starts) do not count
-    (``eos_skip_block_start``)."""
-    eos = torch.tensor(eos_ids, device=canvas.device)
+def end_rows_at_eos(canvas: Tensor, mask_id: int, eos_ids: tuple[int, ...] | Tensor, p: int,
+                    end: int, fill_id: int, skip_every: int | None = None) -> Tensor:
+    """After a block ending at ``end``: rows whose generated part ``[p, end)`` of ``canvas
+    [B, L]`` holds an EOS stop (their masks past ``end`` become ``fill_id``;
+    ``SamplerConfig.block_eos_stop``). ``skip_every``: EOS tokens at multiples of it (block
+    starts) do not count (``eos_skip_block_start``)."""
+    eos = _ids_on(eos_ids, canvas.device)
     found = torch.isin(canvas[:, p:end], eos)
     if skip_every:
         found = found & (torch.arange(p, end, device=canvas.device) % skip_every != 0)

@@ -179,6 +179,7 @@ class UniformRun:
         c, self.n_blocks, budget = check_uniform_config(model, cfg)
         self.selector, self.stopper, self.name, self.on_step = selector, stopper, name, on_step
         self.steps = budget or int(selector.max_denoising_steps)
+        self.temperatures = selector.temperatures(self.steps, prompt.device)  # [steps]
         b, p = prompt.shape
         self.b, self.p, self.c, self.g = b, p, c, cfg.gen_length
         length = self.length = p + self.n_blocks * c
@@ -297,7 +298,7 @@ class UniformRun:
         bad = ~torch.isfinite(logits).all(-1) | torch.isneginf(logits).all(-1)  # [B, C]
         self.nonfinite |= bad.any(1)
         logits = torch.where(bad[..., None], 0.0, logits)
-        temperature = self.selector.temperature(self.steps - i, self.steps, self.device)
+        temperature = self.temperatures[i]  # 0-d float32, no host copy
         proc = logits / temperature
         probs = torch.softmax(proc, dim=-1, dtype=torch.float32)
         sample = torch.multinomial(probs.view(-1, v), 1, generator=self.gen).view(b, c)
