@@ -32,8 +32,8 @@ counts the decoder forwards while the row is neither stopped in its canvas nor f
 encoder's cache fills are not counted (as in the reference).
 
 Host syncs: one per step with a stopper or ``sticky`` ("is every row's canvas decided?",
-which also reads the contract flags; the loop's ``sync`` reads it before the next step),
-else one after a canvas's last step (the contract flags); one per canvas for the EOS check.
+which also reads the contract flags; the loop's ``sync`` reads it before the next step), and
+one at each canvas's end ("is every row finished?", the EOS check, with the contract flags).
 The contract (``samplers.contract`` error classes): non-finite logits (recorded per row,
 sampled uniformly meanwhile so that ``multinomial`` never sees NaN) and accepted positions
 outside ``eligible`` raise at the next sync, naming the rows.
@@ -161,7 +161,6 @@ def _raise_if(flags: list, nonfinite: Tensor, outside: Tensor, step: int, name: 
             "state.eligible")
 
 
-
 class UniformRun:
     """One generation of a uniform-noise model (``samplers.loop.DecodeRun``): decode
     ``cfg.gen_length`` tokens after ``prompt [B, P]`` (``valid [B, P]``, False = left padding)
@@ -227,16 +226,13 @@ class UniformRun:
         self.accepted_once = torch.zeros(b, c, dtype=torch.bool, device=device)
         self.span_mask = torch.zeros(b, self.length, dtype=torch.bool, device=device)
         self.span_mask[:, self.bs:self.be] = True
-        self.last_i = -1
         return self.steps
 
     def end_block(self, k: int) -> bool:
-        """The canvas's last contract check (when its last step ran), its final tokens (the
-        last argmax; ``sticky``: accepted tokens stay) and the EOS check: rows with an EOS are
-        finished, every later position becomes pad. ``True`` when every row is finished or
-        this was the last canvas."""
-        if self.last_i == self.steps - 1:
-            self._check(self.last_i)
+        """The canvas's final tokens (the last argmax; ``sticky``: accepted tokens stay) and
+        the EOS check: rows with an EOS are finished, every later position becomes pad; then
+        one host sync for the EOS check and the contract. ``True`` when every row is finished
+        or this was the last canvas."""
         sel, pad = self.selector, self.pad
         final = torch.where(self.pending, self.argmax, self.canvas) if sel.sticky else self.argmax
         final = torch.where(self.finished_seq[:, None], pad, final)
@@ -246,12 +242,16 @@ class UniformRun:
         self.tokens[:, self.bs:self.be] = final
         self.final = final
         self.finished_seq = self.finished_seq | is_eos.any(1)
-        return k == self.n_blocks - 1 or bool(self.finished_seq.all())  # one sync per canvas
+        # the one sync per canvas: every row finished? (and the contract, as after a step)
+        flags = torch.stack([self.finished_seq.all(), self.nonfinite.any(),
+                             self.outside.any()]).tolist()
+        _raise_if(flags, self.nonfinite, self.outside, self.step - 1, self.name)
+        return k == self.n_blocks - 1 or bool(flags[0])
 
     # ---- per step ----
 
-    def _check(self, i: int) -> bool:
-        """The host sync after step ``i``: is every row's canvas decided? (and the contract)"""
+    def _check(self) -> bool:
+        """The host sync after a step: is every row's canvas decided? (and the contract)"""
         flags = torch.stack([(self.stopped | self.finished_seq).all(), self.nonfinite.any(),
                              self.outside.any()]).tolist()
         _raise_if(flags, self.nonfinite, self.outside, self.step - 1, self.name)
@@ -261,7 +261,7 @@ class UniformRun:
         """The termination contract: step ``i`` runs unless every row stopped (or finished)
         at step ``i - 1`` (read with a stopper or ``sticky``; the step budget is the loop's
         cap)."""
-        return i == 0 or not self.sync_every or not self._check(i - 1)
+        return i == 0 or not self.sync_every or not self._check()
 
     def forward(self, i: int) -> Tensor:
         """The decoder forward (self-conditioned, ``CanvasPlan``) -> ``[B, C, V]`` logits; a
@@ -285,7 +285,6 @@ class UniformRun:
         if self.on_step is not None:
             self.on_step(state, chosen)
         self.step += 1
-        self.last_i = i
 
     def _propose(self, logits: Tensor, i: int) -> tuple[Tensor, Tensor, Tensor, Proposal,
                                                           Tensor]:
@@ -371,8 +370,7 @@ class UniformRun:
         edits_t = None
         if not self.selector.sticky:  # [B, steps, G]: each step's edits at its canvas
             edits_t = torch.zeros(b, step, self.length - p, dtype=torch.bool, device=device)
-            for s_, e in enumerate(self.edits):
-                k_ = int(self.canvas_of[s_])
+            for s_, (k_, e) in enumerate(zip(self.canvas_of, self.edits, strict=True)):
                 edits_t[:, s_, k_ * c:(k_ + 1) * c] = e
             edits_t = edits_t[:, :, :g]
         return Generation(tokens=self.tokens[:, :p + g], nfe=self.nfe, forwards=self.forwards,
