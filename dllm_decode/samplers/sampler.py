@@ -35,10 +35,12 @@ class DiffusionSampler:
     1. **block start**: compute the block's budget base (LLaDA) or time grid (Dream);
     2. **sync**: the one host check per step, "is anything still masked in this block?",
        which also reads the few integers the cache plan asked for (``plan.prepare``: the
-       window plan's fed width);
+       window plan's fed width, the sub-block plan's refresh / sub-block calls), the
+       contract's flags and, for editing policies, the rows still in a post step;
     3. **forward**: the cache plan feeds the positions this mode recomputes (full canvas,
-       block + suffix, block only, block-causal span, or per-row window sets); CFG doubles
-       the batch;
+       block + suffix, block only, block-causal span, per-row window sets, or per-row
+       sub-blocks); CFG doubles the batch; with ``graphs``, steps 3-7 run as one step on
+       static buffers (``samplers.graph``);
     4. **propose**: per-position token and probability, plus the margins / entropy the policy
        declares it reads (``Capabilities.proposal_fields``; all of them by default), in one
        fused pass over V on a GPU (``kernels.propose``); logits are dropped after this unless
@@ -64,8 +66,9 @@ class DiffusionSampler:
       without a cache), stores nothing, and counts in ``Generation.forwards`` and in the
       per-row NFE of ``active`` rows (S2D2's verifier); ``probs(logits)`` is the sampling
       distribution. Unavailable under CFG.
-    * ``select`` may return a ``types.Selection(commit, tokens, prob)`` instead of a bare
-      mask: ``tokens`` replace the proposal at committed positions (a resampled token).
+    * ``select`` may return a ``types.Selection(commit, tokens, prob, edit)`` instead of a
+      bare mask: ``tokens`` replace the proposal at committed positions (a resampled token);
+      ``edit`` rewrites committed positions (selectors declaring ``Capabilities(edits=True)``).
     * declared capabilities (``policies.capabilities.Capabilities``, the ``capabilities``
       attribute of the selector, stopper and truncator): read and checked once, here in
       ``__init__`` (``self.capabilities``); unknown names and capabilities set as plain
@@ -79,7 +82,8 @@ class DiffusionSampler:
             ``None`` or ``"default"``: the model family's default preset with its parameters
             (``policies.defaults.FAMILY_DEFAULTS``: ``low_confidence`` for LLaDA,
             ``gemma_renoise`` for DiffusionGemma, ...).
-        cache: ``"none" | "prefix" | "dual" | "block_causal" | "window"`` (``None``: the
+        cache: ``"none" | "prefix" | "dual" | "block_causal" | "window" | "sub_block"``
+            (``cache.plans``, ``cache.sub_block``; ``None``: the
             family default's cache when no policy is given, else the policy's
             ``preferred_cache``, else ``"none"``).
         debug: also assert the full commit contract every step (``check_commit``; the cheap
