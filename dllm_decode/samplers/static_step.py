@@ -66,7 +66,7 @@ class Buffers:
     positions: Tensor | None = None
     cache: Any = None
     statics: dict[str, Tensor] = field(default_factory=dict)
-    graphs: dict[StepKey, Any] = field(default_factory=dict)  # samplers.graph._Graph
+    graphs: dict[StepKey, Any] = field(default_factory=dict)  # samplers.graph_replay._Graph
     seen: set[StepKey] = field(default_factory=set)
     pool: Any = None
     stream: Any = None  # CUDA: the stream warm-ups and captures run on
