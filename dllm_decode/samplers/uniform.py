@@ -187,7 +187,7 @@ class UniformRun:
         pad = self.pad = (model.pad_token_id if model.pad_token_id is not None
                           else model.eos_token_ids[0])
         eos_ids = model.eos_token_ids if selector.eos_token_ids is None else selector.eos_token_ids
-        self.eos = torch.tensor(eos_ids or (-1,), device=device)
+        self.eos = torch.tensor(tuple(eos_ids or ()), dtype=torch.long, device=device)  # [E]
         self.gen = torch.Generator(device=device).manual_seed(cfg.seed or 0)
         self.plan = CanvasPlan(model, prompt, valid, length)
 
