@@ -54,6 +54,7 @@ from dllm_decode.policies.capabilities import policy_capabilities
 from dllm_decode.policies.registry import Policy
 from dllm_decode.policies.renoise import Renoise, reference_entropy
 from dllm_decode.samplers.contract import NonFiniteLogitsError, PolicyContractError
+from dllm_decode.samplers.step import bits_per_step
 from dllm_decode.types import Generation, Proposal, StepState
 
 
@@ -200,7 +201,6 @@ class UniformRun:
         self.outside = torch.zeros(b, dtype=torch.bool, device=device)  # accepted, ineligible
         self.nonfinite = torch.zeros(b, dtype=torch.bool, device=device)
         self.step = self.forwards = 0
-        self.bits: list[Tensor] = []
         self.edits: list[Tensor] = []  # [B, C] per step: accepted positions rewritten
         self.canvas_of: list[int] = []  # the canvas index of each step
         # the host sync after every step (else only after a canvas's last one)
@@ -334,7 +334,8 @@ class UniformRun:
         """Accepted positions ``accept [B, C]`` take their sample, every other pending one a
         fresh ``randint`` token (re-noising: an edit where it was accepted before); rows
         stopped earlier keep their canvas, argmax and self-conditioning (reference). Records
-        the first acceptances (``commit_step``, bits) and the edits."""
+        the first acceptances (``commit_step`` and the probability, from which ``finish``
+        derives the bits) and the edits."""
         b, c, bs, be, canvas = self.b, self.c, self.bs, self.be, self.canvas
         noise = torch.randint(0, self.v, (b, c), generator=self.gen, device=self.device)
         new_canvas = torch.where(accept, sample, noise)
@@ -355,8 +356,6 @@ class UniformRun:
         self.commit_at[:, bs:be].masked_fill_(first, self.step)
         self.commit_prob[:, bs:be] = torch.where(first, prop.prob.double(),
                                                  self.commit_prob[:, bs:be])
-        self.bits.append(torch.where(first, -prop.prob.double().clamp_min(1e-300).log(), 0.0)
-                         .sum(1))
         self.accepted_once = accepted_once | live
         if self.selector.sticky:  # accepted for good: no longer pending
             self.pending = self.pending & ~live
@@ -365,8 +364,7 @@ class UniformRun:
 
     def finish(self) -> Generation:
         b, p, c, g, step, device = self.b, self.p, self.c, self.g, self.step, self.device
-        bits_t = (torch.stack(self.bits, 1) if self.bits
-                  else torch.zeros(b, 0, dtype=torch.float64, device=device))
+        bits_t = bits_per_step(self.commit_at, self.commit_prob, step)  # first acceptances
         edits_t = None
         if not self.selector.sticky:  # [B, steps, G]: each step's edits at its canvas
             edits_t = torch.zeros(b, step, self.length - p, dtype=torch.bool, device=device)
