@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, fields
+from enum import Enum
+from typing import Any
 
 from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import CacheMode, Impl
@@ -210,7 +212,7 @@ def check_block_division(cfg: SamplerConfig) -> None:
                          f"or a gen_length that is a multiple of {cfg.block_length}")
 
 
-def _enum(cls, value, name: str):
+def _enum(cls: type[Enum], value: Any, name: str) -> Enum:
     try:
         return cls(value)
     except ValueError:

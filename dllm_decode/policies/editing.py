@@ -116,6 +116,9 @@ class MinimalTopK:
         return sched[block_step] if block_step < len(sched) else 0
 
     def select(self, state: StepState) -> Tensor:
+        """``[B, L]`` commits: eligible positions with probability ``> threshold`` in rows
+        that have at least ``k(state.block_step)`` of them, else each row's ``k`` most probable
+        eligible positions."""
         prob, eligible = state.proposal.prob, state.eligible
         high = eligible & (prob > self.threshold)
         k = self.k(state.block_step)
@@ -166,6 +169,9 @@ class TokenEditing:
         return init_memory_of(self.base, batch, length, device)
 
     def select(self, state: StepState) -> Selection:
+        """The base's ``Selection`` plus ``edit [B, L]``: ``state.editable`` positions whose
+        proposal (probability ``> editing_threshold``) differs from the canvas token; the
+        edited positions take the proposal's token."""
         chosen = self.base.select(state)
         sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
         prop = state.proposal

@@ -99,6 +99,9 @@ class SubBlockThreshold:
                        temperature=float(getattr(cfg, "temperature", 0.0) or 0.0))
 
     def select(self, state: StepState) -> Tensor | Selection:
+        """``[B, L]`` commits (the class docstring's rule); at ``temperature > 0`` a
+        ``Selection`` with the drawn ``tokens`` / ``prob`` ``[B, L]`` of the current
+        sub-blocks."""
         eligible, prob = state.eligible, state.proposal.prob
         block = self.block_size or (state.block_end - state.block_start)
         start = (state.block_start // block) * block  # the aligned block's first position

@@ -234,6 +234,8 @@ class StableConfident:
                        if self.confidence_threshold is None else self.confidence_threshold)
 
     def should_stop(self, state: StepState) -> Tensor:
+        """``[B]`` rows whose argmax canvas is stable and whose mean entropy over the canvas
+        span ``[block_start, block_end)`` is below ``confidence_threshold``."""
         stab = self.stability_threshold
         conf = self.confidence_threshold
         stab = DEFAULTS["stability_threshold"] if stab is None else stab

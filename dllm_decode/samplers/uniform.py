@@ -363,6 +363,8 @@ class UniformRun:
     # ---- after the loop ----
 
     def finish(self) -> Generation:
+        """The ``Generation`` (class docstring): tokens ``[B, P + G]``, NFE ``[B]``, bits
+        ``[B, steps]``, ``commit_step [B, G]``, ``edits [B, steps, G]``."""
         b, p, c, g, step, device = self.b, self.p, self.c, self.g, self.step, self.device
         bits_t = bits_per_step(self.commit_at, self.commit_prob, step)  # first acceptances
         edits_t = None
