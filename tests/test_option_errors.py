@@ -65,3 +65,10 @@ def test_gemma_renoise_eos_ids_must_be_token_ids(ids) -> None:
         make_policy("gemma_renoise", eos_token_ids=ids)
     assert make_policy("gemma_renoise", eos_token_ids=[3, 4]).selector.eos_token_ids == (3, 4)
     assert make_policy("gemma_renoise", eos_token_ids=7).selector.eos_token_ids == (7,)
+
+
+@pytest.mark.parametrize("name", ["t_min", "t_max"])
+def test_gemma_renoise_temperatures_must_be_finite(name) -> None:
+    """``t_max=inf`` divided every logit by inf (a uniform or NaN sampling distribution)."""
+    with pytest.raises(ValueError, match=f"Renoise: {name} must be a finite number > 0"):
+        make_policy("gemma_renoise", **{name: float("inf")})

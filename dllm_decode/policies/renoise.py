@@ -35,6 +35,7 @@ confidence 0.005.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, replace
 from typing import Any, Final
 
@@ -161,8 +162,8 @@ class Renoise:
                              f"{self.max_denoising_steps}")
         for name in ("t_min", "t_max"):
             value = getattr(self, name)
-            if value is not None and not value > 0:
-                raise ValueError(f"Renoise: {name} must be > 0, got {value}")
+            if value is not None and not 0 < value < math.inf:
+                raise ValueError(f"Renoise: {name} must be a finite number > 0, got {value}")
         if self.t_min is not None and self.t_max is not None and self.t_max < self.t_min:
             raise ValueError(f"Renoise: t_max ({self.t_max}) must be >= t_min ({self.t_min})")
 
