@@ -29,7 +29,7 @@ from dllm_decode.policies.registry import Policy
 from dllm_decode.samplers.graph_support import eager_noise_kind
 from dllm_decode.samplers.loop import DecodeRun
 from dllm_decode.samplers.mask_run import MaskRun
-from dllm_decode.samplers.uniform import UniformRun, check_noise_kind, uniform_policy
+from dllm_decode.samplers.uniform import UniformRun, uniform_policy
 
 
 @dataclass(frozen=True)
@@ -44,8 +44,17 @@ class NoiseKind:
         return policy
 
     def check(self, caps: Any, policy_name: str, model: Any) -> None:
-        """``ValueError`` unless every part of the policy declares this noise kind."""
-        check_noise_kind(caps, self.name, policy_name, model)
+        """``ValueError`` unless every part of the policy (``PolicyCapabilities``) declares
+        this noise kind."""
+        if self.name in caps.noise_kinds:
+            return
+        works = " / ".join(repr(k) for k in caps.noise_kinds) or "no"
+        family = getattr(model, "family", type(model).__name__)
+        raise ValueError(f"policy {policy_name!r} works on {works} models; this model "
+                         f"({family}) has noise_kind {self.name!r}: use a masked-decoding "
+                         "policy (low_confidence, threshold, ...) on mask models and "
+                         "'gemma_renoise' (or eb / threshold / entropy_threshold acceptance) "
+                         "on uniform-noise models such as DiffusionGemma")
 
     def begin(self, sampler: Any, cfg: SamplerConfig, caps: Any, bound: tuple[Any, ...],
               prompt: Tensor, valid: Tensor, on_step: Callable[..., None] | None) -> DecodeRun:

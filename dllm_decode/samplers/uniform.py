@@ -58,20 +58,6 @@ from dllm_decode.samplers.step import bits_per_step
 from dllm_decode.types import Generation, Proposal, StepState
 
 
-def check_noise_kind(caps: Any, kind: str, name: str, model: Any) -> None:
-    """``ValueError`` unless every part of the policy (``PolicyCapabilities``) works on a model
-    of noise kind ``kind``."""
-    if kind in caps.noise_kinds:
-        return
-    works = " / ".join(repr(k) for k in caps.noise_kinds) or "no"
-    family = getattr(model, "family", type(model).__name__)
-    raise ValueError(f"policy {name!r} works on {works} models; this model ({family}) has "
-                     f"noise_kind {kind!r}: use a masked-decoding policy (low_confidence, "
-                     "threshold, ...) on mask models and 'gemma_renoise' (or eb / threshold / "
-                     "entropy_threshold acceptance) on uniform-noise models such as "
-                     "DiffusionGemma")
-
-
 def uniform_policy(policy: Policy, model: Any) -> Policy:
     """A uniform-noise model's policy: ``Renoise`` as is, or an acceptance rule that declares
     ``noise_kinds`` ``"uniform"`` (``eb``, ``threshold``, ...) wrapped in ``Renoise`` with the
