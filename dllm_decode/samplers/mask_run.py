@@ -185,6 +185,7 @@ class MaskRun:
         times = self.times = (sch.dream_times(n_commit, self.cfg.eps, self.device)
                               if self.schedule == "dream" else None)
         self.fractions = None if times is None else sch.dream_fractions(times)
+        self.timed = bool(spb) or times is not None  # steps_left is meaningful
         # LLaDA: the block's whole budget schedule [B] x S (and budget > 0), once per block
         self.budgets = self.positive = None
         if spb and self.schedule != "dream":
@@ -249,9 +250,6 @@ class MaskRun:
         self.budget = budget
         return True
 
-    def _timed(self, i: int) -> bool:
-        return bool(self.steps_per_block) or self.times is not None
-
     def forward(self, i: int) -> Any:
         """The cache plan's forward over the fed span (``None``: the static-buffer step runs
         forward and post together, in ``post``)."""
@@ -292,7 +290,7 @@ class MaskRun:
             step=step, progress=step / max(self.total_steps - 1, 1), budget=self.budget,
             times=(times[i], times[i + 1]) if times is not None else None,
             n_masked=self.n_masked, last=i == n_commit - 1,
-            steps_left=(n_commit - i) if self._timed(i) else None,
+            steps_left=(n_commit - i) if self.timed else None,
             force_end=i == n_commit - 1 and self.lo == self.p,
             stall_limit=min(n_commit, self.be - self.bs))
         self.forwards += 1
@@ -335,7 +333,7 @@ class MaskRun:
         stall_limit = min(n_commit, be - bs)
         step_refreshed = (spans.flag(fed.refresh) if fed.refreshed is None
                           else fed.refreshed[:b])
-        step, timed = self.step, self._timed(i)
+        step, timed = self.step, self.timed
         self.state = self.commit = None
         if self.fuse is not None and i < self.n_iter - 1 and fused_step(
                 self.fuse, self.maker, self.guard, fed, logits, rows, masked, eligible, budget,
