@@ -34,7 +34,10 @@ class SamplerConfig:
             whole with ``decode_block_padding``); uniform-noise models decode canvases of
             their ``canvas_length`` (``None`` or that length) and cut the last one to G.
         steps: total steps for budgeted policies, split evenly over blocks (``None``: one
-            token per step, i.e. G). Adaptive policies ignore it.
+            token per step, i.e. G). Adaptive policies ignore it, except ``llada2``, which
+            reads it as LLaDA2's ``generate`` does, as steps **per block** (``None``: 32;
+            ``policies.editing.MinimalTopK``). Uniform-noise models: the total over their
+            canvases (``None``: the policy's budget per canvas).
         temperature: 0 -> argmax proposals; > 0 -> sampling (float64 Gumbel-max for LLaDA).
         cache: which positions each forward recomputes (``none``/``prefix``/``dual``/
             ``block_causal``/``window``/``sub_block``; ``dllm_decode.cache.plans``).
