@@ -49,14 +49,16 @@ def _fresh_in_steps(monkeypatch, sampler: DiffusionSampler, **kw) -> list[str]:
     return mode.sites
 
 
-@pytest.mark.parametrize("family,kw", [
-    ("sdar", dict(stop_at_eos=True, block_eos_stop=True)),
-    ("llada", dict(stop_at_eos=True, block_length=4)),
+@pytest.mark.parametrize("family,policy,cache,kw", [
+    ("sdar", "low_confidence", None, dict(stop_at_eos=True, block_eos_stop=True)),
+    ("llada", "low_confidence", None, dict(stop_at_eos=True, block_length=4)),
+    ("dream", "window_dream", "window", dict(early_stop=True)),
 ])
-def test_eos_stops_copy_nothing_per_step(monkeypatch, family, kw) -> None:
-    """``fill_after_eos`` used to build its EOS id tensor every step."""
-    sampler = DiffusionSampler(tiny_model(family), "low_confidence")
-    assert _fresh_in_steps(monkeypatch, sampler, **kw) == []
+def test_eos_stops_copy_nothing_per_step(monkeypatch, family, policy, cache, kw) -> None:
+    """``fill_after_eos`` used to build its EOS id tensor every step, and so did the
+    Window-Diffusion EOS cut (``EosCut``)."""
+    sampler = DiffusionSampler(tiny_model(family), policy, cache, **kw)
+    assert _fresh_in_steps(monkeypatch, sampler) == []
 
 
 def test_uniform_steps_copy_nothing(monkeypatch) -> None:

@@ -108,7 +108,9 @@ class EosCut:
         g = gen.shape[1]
         if model is None or not model.eos_token_ids:
             return torch.full((gen.shape[0],), g, dtype=torch.long, device=gen.device)
-        is_eos = torch.isin(gen, torch.tensor(model.eos_token_ids, device=gen.device))
+        is_eos = gen == model.eos_token_ids[0]  # host ints as scalars: no copy to the device
+        for eos in model.eos_token_ids[1:]:
+            is_eos = is_eos | (gen == eos)
         first = is_eos.long().argmax(1)
         return torch.where(is_eos.any(1), first + 1, g)
 
