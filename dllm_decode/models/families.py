@@ -109,10 +109,19 @@ def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
 
 def min_parameters(spec: ModelSpec) -> int:
     """A lower bound of the parameter count ``spec`` implies (every family here has at least
-    an embedding ``V x d`` and per layer q / k / v / o projections and a 3-matrix MLP)."""
+    an embedding ``V x d`` and per layer q / k / v / o projections and a 3-matrix MLP: dense
+    ``3 d I``, or in an MoE family's sparse layers its ``E`` routed experts, ``3 d I_moe E``,
+    which the loader's per-expert name table would otherwise enumerate first)."""
     d, hd = spec.hidden_size, spec.head_dim
     attention = 2 * d * spec.num_heads * hd + 2 * d * spec.num_kv_heads * hd
-    return spec.vocab_size * d + spec.num_layers * (attention + 3 * d * spec.intermediate_size)
+    dense = 3 * d * spec.intermediate_size
+    arch = spec.extra.get("arch")
+    if arch is None:
+        mlps = spec.num_layers * dense
+    else:
+        sparse = 3 * d * arch.moe.intermediate_size * arch.moe.num_experts
+        mlps = sum(sparse if s else dense for s in arch.moe_layers)
+    return spec.vocab_size * d + spec.num_layers * attention + mlps
 
 
 def check_config_fits(spec: ModelSpec, stored: int, where: Path | str) -> None:
@@ -126,9 +135,16 @@ def check_config_fits(spec: ModelSpec, stored: int, where: Path | str) -> None:
         raise CheckpointError(
             f"{where}: its sizes (vocab {spec.vocab_size}, hidden {spec.hidden_size}, "
             f"{spec.num_layers} layers, {spec.num_heads} heads, intermediate "
-            f"{spec.intermediate_size}) need at least {need:,} parameters, but the weight files "
-            f"hold {stored:,} values: the config does not describe these weights (check its "
-            f"vocabulary, layer count and sizes)")
+            f"{spec.intermediate_size}{_experts(spec)}) need at least {need:,} parameters, "
+            f"but the weight files hold {stored:,} values: the config does not describe these "
+            f"weights (check its vocabulary, layer count and sizes)")
+
+
+def _experts(spec: ModelSpec) -> str:
+    """``", 64 experts of intermediate 1024"`` for an MoE family's spec, else ``""``."""
+    arch = spec.extra.get("arch")
+    return "" if arch is None else (f", {arch.moe.num_experts} experts of intermediate "
+                                    f"{arch.moe.intermediate_size}")
 
 
 def build_model(config: dict[str, Any], *, seed: int | None = 0,

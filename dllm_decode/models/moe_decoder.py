@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch import Tensor, nn
@@ -222,6 +222,19 @@ def token_config(spec: ModelSpec) -> dict[str, Any]:
     return {"mask_token_id": spec.mask_token_id,
             "eos_token_id": eos[0] if len(eos) == 1 else list(eos),
             "pad_token_id": spec.pad_token_id, "use_cache": False}
+
+
+#: bound on ``num_hidden_layers``: the MoE parsers build per-layer tables from it before the
+#: weights' size check can run (released MoE models have at most 94 layers)
+MAX_LAYERS: Final = 100_000
+
+
+def layer_count(cfg: dict[str, Any], family: str) -> int:
+    """``num_hidden_layers`` of a config dict; ``ValueError`` outside ``[1, MAX_LAYERS]``."""
+    layers = int(cfg["num_hidden_layers"])
+    if not 1 <= layers <= MAX_LAYERS:
+        raise ValueError(f"{family} num_hidden_layers {layers} must be in [1, {MAX_LAYERS:,}]")
+    return layers
 
 
 def check_config(cfg: dict[str, Any], family: str, unsupported: tuple[str, ...]) -> None:
