@@ -80,3 +80,53 @@ def test_header_that_lies_is_a_checkpoint_error(saved, tmp_path, family) -> None
     for f in d.glob("*.safetensors"):
         f.write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 16)
     _fails_fast(d, "cannot read safetensors")
+
+
+@pytest.fixture(scope="module")
+def gemma_dir(tmp_path_factory) -> Path:
+    from safetensors.torch import save_file
+
+    from dllm_decode.models.gemma_loading import build_diffusion_gemma, checkpoint_name
+    from tests.helpers import tiny_gemma_config
+
+    d = tmp_path_factory.mktemp("gemma")
+    model = build_diffusion_gemma(tiny_gemma_config())
+    save_file({checkpoint_name(k): v.contiguous() for k, v in model.state_dict().items()},
+              str(d / "model.safetensors"))
+    (d / "config.json").write_text(json.dumps(tiny_gemma_config()))
+    return d
+
+
+def _gemma_text(**text: Any) -> dict[str, Any]:
+    from tests.helpers import tiny_gemma_config
+
+    return {"text_config": tiny_gemma_config(**text)["text_config"]}
+
+
+@pytest.mark.parametrize("text, message", [
+    ({"num_hidden_layers": 10**4, "layer_types": ["sliding_attention"] * 10**4},
+     "need at least"),  # was: 12 s building a 10^4-layer meta model, then a name mismatch
+    ({"num_hidden_layers": 10**12}, r"num_hidden_layers 1000000000000 must be in"),
+    ({"vocab_size": 10**12}, "need at least"),
+    ({"num_experts": 10**9}, "need at least"),
+    ({"top_k_experts": 9}, r"top_k_experts 9 must be in \[1, num_experts 4\]"),
+    ({"num_attention_heads": 0}, "num_attention_heads must be >= 1"),
+    ({"num_key_value_heads": 3}, "must be a multiple of the key/value heads"),
+    ({"head_dim": 7}, "head_dim even"),
+    ({"eos_token_id": 10**9}, r"eos_token_id 1000000000 is outside the vocabulary \[0, 64\)"),
+])
+def test_diffusion_gemma_absurd_config_fails_fast(gemma_dir, tmp_path, text, message) -> None:
+    _fails_fast(_hostile(gemma_dir, tmp_path / "h", _gemma_text(**text)), message)
+
+
+def test_diffusion_gemma_header_that_lies_is_a_checkpoint_error(gemma_dir, tmp_path) -> None:
+    d = _hostile(gemma_dir, tmp_path / "h", {})
+    header = {"model.decoder.embed_tokens.weight": {"dtype": "F32", "shape": [10**6, 10**6],
+                                                    "data_offsets": [0, 16]}}
+    text = json.dumps(header).encode()
+    (d / "model.safetensors").write_bytes(struct.pack("<Q", len(text)) + text + b"\0" * 16)
+    _fails_fast(d, "cannot read safetensors")
+
+
+def test_diffusion_gemma_tiny_checkpoint_still_loads(gemma_dir) -> None:
+    assert load_model(gemma_dir).spec.num_experts == 4

@@ -130,14 +130,20 @@ def check_config_fits(spec: ModelSpec, stored: int, where: Path | str) -> None:
     absurd sizes (vocabulary 10^12, 10^6 layers) fail here and not in an allocation. The
     slack keeps the bound safe for families whose layers differ from the dense one assumed
     by ``min_parameters``; a smaller mismatch is caught tensor by tensor after."""
-    need = min_parameters(spec)
+    check_parameter_bound(
+        min_parameters(spec), stored, where,
+        f"vocab {spec.vocab_size}, hidden {spec.hidden_size}, {spec.num_layers} layers, "
+        f"{spec.num_heads} heads, intermediate {spec.intermediate_size}{_experts(spec)}")
+
+
+def check_parameter_bound(need: int, stored: int, where: Path | str, sizes: str) -> None:
+    """``CheckpointError`` naming ``sizes`` (the config's, as text) when a config's lower bound
+    of ``need`` parameters exceeds twice the ``stored`` values its weight files hold."""
     if need > 2 * stored:
         raise CheckpointError(
-            f"{where}: its sizes (vocab {spec.vocab_size}, hidden {spec.hidden_size}, "
-            f"{spec.num_layers} layers, {spec.num_heads} heads, intermediate "
-            f"{spec.intermediate_size}{_experts(spec)}) need at least {need:,} parameters, "
-            f"but the weight files hold {stored:,} values: the config does not describe these "
-            f"weights (check its vocabulary, layer count and sizes)")
+            f"{where}: its sizes ({sizes}) need at least {need:,} parameters, but the weight "
+            f"files hold {stored:,} values: the config does not describe these weights (check "
+            f"its vocabulary, layer count and sizes)")
 
 
 def _experts(spec: ModelSpec) -> str:

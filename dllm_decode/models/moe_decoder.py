@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -29,6 +29,7 @@ from dllm_decode.models.base import DecoderLM, ModelSpec, RMSNorm, to_checkpoint
 from dllm_decode.models.dream import _L, _M, QWEN_NAMES
 from dllm_decode.models.functional import cached_kv, qkv_heads, sdpa
 from dllm_decode.models.sparse_moe import DenseMLP, MoEImpl, MoESpec, SparseMoE
+from dllm_decode.models.weights import MAX_LAYERS
 
 
 @dataclass(frozen=True)
@@ -222,11 +223,6 @@ def token_config(spec: ModelSpec) -> dict[str, Any]:
     return {"mask_token_id": spec.mask_token_id,
             "eos_token_id": eos[0] if len(eos) == 1 else list(eos),
             "pad_token_id": spec.pad_token_id, "use_cache": False}
-
-
-#: bound on ``num_hidden_layers``: the MoE parsers build per-layer tables from it before the
-#: weights' size check can run (released MoE models have at most 94 layers)
-MAX_LAYERS: Final = 100_000
 
 
 def layer_count(cfg: dict[str, Any], family: str) -> int:

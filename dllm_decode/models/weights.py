@@ -28,6 +28,9 @@ class CheckpointError(ValueError):
 
 #: largest JSON file read (config, index, generation config: kilobytes in real releases)
 MAX_JSON_BYTES = 64 * 2**20
+#: largest ``num_hidden_layers`` accepted: parsers build per-layer tables from it before the
+#: weights' size check can run (released models have at most 94 layers)
+MAX_LAYERS = 100_000
 
 
 def read_json(path: Path) -> dict[str, Any]:
