@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dllm_decode.models.sparse_moe import expert_offsets
+
 
 @dataclass(frozen=True)
 class GemmaLayerSpec:
@@ -207,8 +209,7 @@ class GemmaExperts(nn.Module):
         flat = experts.reshape(-1)
         sorted_ids, perm = torch.sort(flat)
         rows = x[perm // k]  # [T*k, hidden], grouped by expert
-        counts = torch.bincount(sorted_ids, minlength=self.gate_up_proj.shape[0])
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        offs = expert_offsets(sorted_ids, self.gate_up_proj.shape[0])  # no host sync
         gate, up = _grouped_linear(rows, self.gate_up_proj, offs).chunk(2, dim=-1)
         y = _grouped_linear(F.gelu(gate, approximate="tanh") * up, self.down_proj, offs)
         y = y * weights.reshape(-1)[perm, None]

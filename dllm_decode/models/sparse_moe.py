@@ -146,10 +146,7 @@ class Experts(nn.Module):
         token = order // k
         h = x.index_select(0, token)  # [A, H]
         if _grouped_mm_ok(x, self.gate_proj):
-            # per-expert counts without bincount (which syncs on CUDA to size its output)
-            counts = torch.zeros(self.gate_proj.shape[0], dtype=torch.int32, device=x.device)
-            counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-            offs = counts.cumsum(0, dtype=torch.int32)
+            offs = expert_offsets(flat, self.gate_proj.shape[0])
             gate = torch._grouped_mm(h, self.gate_proj.transpose(1, 2), offs=offs)
             up = torch._grouped_mm(h, self.up_proj.transpose(1, 2), offs=offs)
             y = torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
@@ -169,6 +166,15 @@ class Experts(nn.Module):
         if impl == "grouped":
             return self.grouped(x, idx, weight)
         raise ValueError(f"moe impl {impl!r}: use 'grouped' or 'reference'")
+
+
+def expert_offsets(ids: Tensor, num_experts: int) -> Tensor:
+    """``ids [A]`` expert ids -> ``[num_experts]`` int32 end offsets of each expert's group in
+    the ids sorted by expert (the ``offs`` of ``grouped_mm``). Counted with ``scatter_add_``,
+    not ``bincount`` (which syncs with the host on CUDA to size its output): no host sync."""
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
+    counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+    return counts.cumsum(0, dtype=torch.int32)
 
 
 def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:
