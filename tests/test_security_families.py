@@ -130,3 +130,9 @@ def test_diffusion_gemma_header_that_lies_is_a_checkpoint_error(gemma_dir, tmp_p
 
 def test_diffusion_gemma_tiny_checkpoint_still_loads(gemma_dir) -> None:
     assert load_model(gemma_dir).spec.num_experts == 4
+
+
+def test_config_nested_past_the_recursion_limit_is_a_checkpoint_error(saved, tmp_path) -> None:
+    d = _hostile(saved["llada2"], tmp_path / "h", {})
+    (d / "config.json").write_text('{"a": ' + "[" * 10**5 + "]" * 10**5 + "}")
+    _fails_fast(d, "nested deeper than Python's recursion limit")
