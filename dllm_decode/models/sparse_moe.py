@@ -101,16 +101,19 @@ def route(logits: Tensor, spec: MoESpec, bias: Tensor | None = None) -> tuple[Te
 
 
 class DenseMLP(nn.Module):
-    """SwiGLU ``down(silu(gate(x)) * up(x))`` (dense layers and shared experts)."""
+    """Gated MLP ``down(act(gate(x)) * up(x))``: SwiGLU (``act = silu``, dense layers and
+    shared experts) unless ``act`` says otherwise (DiffusionGemma's GeGLU). ``x [..., H]``."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int,
+                 act: Callable[[Tensor], Tensor] = F.silu) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = act
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Experts(nn.Module):
