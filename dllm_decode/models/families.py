@@ -127,9 +127,10 @@ def min_parameters(spec: ModelSpec) -> int:
 def check_config_fits(spec: ModelSpec, stored: int, where: Path | str) -> None:
     """``CheckpointError`` when the config implies more than twice the parameters the weight
     files hold (``stored`` values, from the headers): checked before any module is built, so
-    absurd sizes (vocabulary 10^12, 10^6 layers) fail here and not in an allocation. The
-    slack keeps the bound safe for families whose layers differ from the dense one assumed
-    by ``min_parameters``; a smaller mismatch is caught tensor by tensor after."""
+    absurd sizes (vocabulary 10^12, 10^6 layers, 10^9 experts) fail here and not in an
+    allocation. The slack keeps the bound safe for layers ``min_parameters`` counts only in
+    part (norms, biases, routers, shared experts left out); a smaller mismatch is caught
+    tensor by tensor after. (Released LLaDA2-mini: the bound is ~15.8 G of its ~16.3 G.)"""
     check_parameter_bound(
         min_parameters(spec), stored, where,
         f"vocab {spec.vocab_size}, hidden {spec.hidden_size}, {spec.num_layers} layers, "
