@@ -130,7 +130,8 @@ def check_config_fits(spec: ModelSpec, stored: int, where: Path | str) -> None:
     absurd sizes (vocabulary 10^12, 10^6 layers, 10^9 experts) fail here and not in an
     allocation. The slack keeps the bound safe for layers ``min_parameters`` counts only in
     part (norms, biases, routers, shared experts left out); a smaller mismatch is caught
-    tensor by tensor after. (Released LLaDA2-mini: the bound is ~15.8 G of its ~16.3 G.)"""
+    tensor by tensor after. (Released LLaDA2-mini, "16B": the bound is ~15.9 G; DiffusionGemma
+    26B-A4B: ~25 G, its own bound.)"""
     check_parameter_bound(
         min_parameters(spec), stored, where,
         f"vocab {spec.vocab_size}, hidden {spec.hidden_size}, {spec.num_layers} layers, "
