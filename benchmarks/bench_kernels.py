@@ -92,7 +92,7 @@ def attention_cases(device: torch.device, dtype: torch.dtype, quick: bool) -> It
 
 
 def layer_cases(device: torch.device, dtype: torch.dtype, quick: bool) -> Iterator[Case]:
-    """The fused layer ops (issue 33) at batch 1-8, 32 fed rows: the numbers behind
+    """The fused layer ops at batch 1-8, 32 fed rows: the numbers behind
     ``kernels.AUTO_ON_CUDA`` for ``qkv_rope`` and ``silu_mul``."""
     from dllm_decode.models.functional import rope_cos_sin
 

@@ -1,4 +1,4 @@
-"""Kernel launches per decoder layer, per family x cache mode x path (issue 33).
+"""Kernel launches per decoder layer, per family x cache mode x path.
 
 Counted on the CPU with the torch profiler (``dllm_decode.models.launches``): every layer
 call of a batch-1 decode (prompt 4, gen 8, block 4, ``low_confidence``; the cache refreshes

@@ -10,7 +10,7 @@
    printed as each finishes, with milliseconds per forward. The model is random: on CUDA
    LLaDA-8B-shaped with 2 layers (hidden 4096, 32 heads, MLP 12288, vocab 126464: the 8B
    model's per-layer and vocabulary costs) in bf16, where the forward is also compared with
-   its weight-streaming floor (weight bytes / this device's measured copy bandwidth, issue 33);
+   its weight-streaming floor (weight bytes / this device's measured copy bandwidth);
    on a CPU the small shape in fp32 (the 8B shape there takes minutes: ``--shape llada-8b``).
 4. **Row**: with ``--out FILE``, appends one CSV row (facts, kernel verdicts, seconds per
    cache mode) to it; without, nothing is written (the repository's record is
@@ -160,7 +160,7 @@ def copy_bandwidth(device: torch.device, nbytes: int = 1 << 30, repeats: int = 5
 
 def weight_bytes(model: Any) -> int:
     """Bytes of every parameter (what a forward streams once; the embedding table included,
-    as issue 33 counts the 8B model's 16.03 GB)."""
+    as the 8B model's 16.03 GB in ``benchmarks/README.md`` count it)."""
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 

@@ -161,3 +161,44 @@ def test_grouped_path_traces_as_one_graph(dtype: torch.dtype) -> None:
     assert (got.float() - want.float()).abs().max().item() < (1e-5 if dtype is torch.float32
                                                               else 0.02 * want.abs().max())
     torch._dynamo.reset()
+
+
+def test_expert_offsets_equal_bincount_without_it() -> None:
+    """``expert_offsets`` (both grouped paths' ``offs``; no host sync) equals the cumulative
+    ``bincount``, empty experts included."""
+    from dllm_decode.models.sparse_moe import expert_offsets
+
+    ids = torch.randint(0, 5, (37,), generator=torch.Generator().manual_seed(0)) * 2  # odd: empty
+    want = torch.bincount(ids, minlength=11).cumsum(0).to(torch.int32)
+    assert torch.equal(expert_offsets(ids, 11), want)
+    assert torch.equal(expert_offsets(ids[:0], 3), torch.zeros(3, dtype=torch.int32))
+
+
+class _OpNames(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: set[str] = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.add(func.overloadpacket.__name__)
+        return func(*args, **(kwargs or {}))
+
+
+def test_grouped_paths_call_no_op_that_syncs_on_an_accelerator() -> None:
+    """Neither grouped path (the MoE families' ``Experts`` and DiffusionGemma's
+    ``GemmaExperts``) reads a scalar back or calls ``bincount`` (which syncs on CUDA to size
+    its output); DiffusionGemma's called ``bincount`` before."""
+    from dllm_decode.models.gemma_layers import GemmaExperts
+
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(6, 32, generator=gen)
+    idx = torch.randint(0, 8, (6, 2), generator=gen)
+    weight = torch.rand(6, 2, generator=gen)
+    gemma = GemmaExperts(8, 32, 16)
+    moe = _moe(SOFTMAX).experts
+    for module in (moe, gemma):
+        for p in module.parameters():
+            torch.nn.init.normal_(p, generator=gen)
+        with _OpNames() as ops:
+            module.grouped(x, idx, weight) if module is moe else module.grouped(x, weight, idx)
+        assert not ops.names & {"bincount", "_local_scalar_dense", "item", "nonzero"}, ops.names

@@ -353,3 +353,18 @@ def test_a_malformed_state_is_a_clear_error(tmp_path):
                   metadata={"format": FORMAT, "dllm_decode.state": json.dumps(tree)})
         with pytest.raises(StateFormatError):
             load_state(path)
+
+
+def test_a_deeply_nested_state_is_a_clear_error(tmp_path):
+    """JSON nested past Python's recursion limit: a ``StateFormatError``, not a
+    ``RecursionError`` traceback (from ``json.loads`` or from decoding the tree)."""
+    from safetensors.torch import save_file
+
+    from dllm_decode.train.state import FORMAT
+
+    path = tmp_path / "s.safetensors"
+    text = '{"a": ' + "[" * 10**5 + "]" * 10**5 + "}"
+    save_file({"t": torch.zeros(1)}, str(path),
+              metadata={"format": FORMAT, "dllm_decode.state": text})
+    with pytest.raises(StateFormatError, match="nested deeper"):
+        load_state(path)

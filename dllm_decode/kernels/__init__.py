@@ -10,9 +10,9 @@
   time ``auto`` sends an op to Triton on a device (per dtype), the op is compared once with
   the reference on a small input (``kernels.selfcheck``); on a mismatch or an error it warns,
   naming the op and the error, and that op uses the reference from then on.
-* ``auto`` on CUDA goes per op (``AUTO_ON_CUDA``, measured in issue 33 at batch 1 on an
-  H200): Triton where one launch replaces many torch kernels (the vocabulary pass, the fused
-  layer ops), torch where a well-kept torch kernel exists (SDPA, the cache scatter).
+* ``auto`` on CUDA goes per op (``AUTO_ON_CUDA``, measured at batch 1 on an H200): Triton
+  where one launch replaces many torch kernels (the vocabulary pass, the fused layer ops),
+  torch where a well-kept torch kernel exists (SDPA, the cache scatter).
 * ``DLLM_DECODE_KERNELS=auto|reference|triton`` overrides what ``auto`` resolves to.
 
 Triton is imported lazily (never at module top), so ``import dllm_decode`` works without it.
@@ -47,7 +47,7 @@ ENV_VAR = "DLLM_DECODE_KERNELS"
 
 
 #: what ``impl="auto"`` picks per op on CUDA when Triton can launch (ops not listed: Triton).
-#: Measured in issue 33 (H200, batch 1, LLaDA-8B shape): the Triton ``kv_write_`` +
+#: Measured on an H200 (batch 1, LLaDA-8B shape, eager, at 2da4814): the Triton ``kv_write_`` +
 #: ``block_attention`` path cost 25.3 ms per forward against 20.1 for the torch reference
 #: (Triton's launcher costs more per launch than torch's), so attention stays on SDPA and the
 #: cache write on torch's scatter. By launch count (not yet timed on a GPU): the vocabulary

@@ -1,6 +1,6 @@
 """Counting kernel launches with the torch profiler on the CPU.
 
-A GPU decode step at batch 1 is launch bound (issue 33: ~1,640 kernels per LLaDA-8B forward,
+A GPU decode step at batch 1 is launch bound (H200, eager: ~1,640 kernels per LLaDA-8B forward,
 the GPU idle most of the time), so the number of kernels a forward launches is the number to
 keep down, and it can be counted on a CPU: every top-level aten op that does tensor work
 launches (at least) one kernel on a GPU, and every Triton launch of ``kernels/triton`` is
@@ -10,7 +10,7 @@ An aten op *launches* when it is not view / metadata / allocation work: it is ou
 ``NO_KERNEL_OPS``, or one of the ops it calls launches (``aten::reshape`` that only views
 does not launch, one that copies does; ``aten::to`` launches only when it converts). A
 top-level op counts once however many ops it calls (``aten::linear`` -> ``aten::addmm`` is
-one launch), as issue 33 counts them; a GEMM's split-K reduction on a GPU is not visible here.
+one launch), as a GPU trace counts them; a GEMM's split-K reduction on a GPU is not visible here.
 """
 
 from __future__ import annotations

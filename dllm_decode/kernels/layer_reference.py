@@ -1,4 +1,4 @@
-"""Torch references of the fused decoder-layer ops (issue 33): the oracle and the CPU path.
+"""Torch references of the fused decoder-layer ops: the oracle and the CPU path.
 
 A decoder layer runs its projections as two fused GEMMs (``[q | k | v] = x @ W_qkv^T``,
 ``[gate | up] = x @ W_gu^T``); these ops work on their outputs in place or in one pass:

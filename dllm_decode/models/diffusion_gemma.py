@@ -39,7 +39,7 @@ from dllm_decode.models.gemma_layers import (
     SelfConditioning,
     gemma_rope,
 )
-from dllm_decode.models.weights import CheckpointError
+from dllm_decode.models.weights import MAX_LAYERS, CheckpointError
 
 ARCHITECTURE = "DiffusionGemmaForBlockDiffusion"
 #: the reference's generation defaults when ``generation_config.json`` leaves one unset
@@ -82,6 +82,10 @@ def gemma_spec(config: dict[str, Any], generation: dict[str, Any] | None = None)
     missing or inconsistent fields."""
     try:
         text = config["text_config"]
+        n_layers = int(text["num_hidden_layers"])
+        if not 1 <= n_layers <= MAX_LAYERS:  # before any per-layer table is built
+            raise CheckpointError(f"DiffusionGemma config: num_hidden_layers {n_layers} must be "
+                                  f"in [1, {MAX_LAYERS:,}]")
         types = list(text["layer_types"])
         per_layer = {str(k): v for k, v in (text.get("per_layer_config") or {}).items()}
         rope = text["rope_parameters"]
@@ -118,13 +122,61 @@ def gemma_spec(config: dict[str, Any], generation: dict[str, Any] | None = None)
             generation=_generation_defaults(generation or {}))
     except (KeyError, TypeError, ValueError) as err:
         raise CheckpointError(f"DiffusionGemma config: missing or invalid field {err}") from None
-    if len(layers) != int(text["num_hidden_layers"]):
+    if len(layers) != n_layers:
         raise CheckpointError(f"DiffusionGemma config: {len(layers)} layer_types for "
-                              f"num_hidden_layers {text['num_hidden_layers']}")
+                              f"num_hidden_layers {n_layers}")
     if text.get("use_bidirectional_attention") == "all":
         raise CheckpointError("DiffusionGemma config: use_bidirectional_attention='all' (a "
                               "bidirectional encoder) is not supported; the release uses 'vision'")
+    _check_spec(spec)
     return spec
+
+
+def _check_spec(spec: GemmaSpec) -> None:
+    """``CheckpointError`` for sizes below 1, a top-k outside ``[1, num_experts]``, head
+    counts that do not group, odd head dims (RoPE rotates halves) and token ids outside the
+    vocabulary: each names the field and what is allowed."""
+    where = "DiffusionGemma config"
+    sizes = {"vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size,
+             "num_attention_heads": spec.num_heads, "intermediate_size": spec.intermediate_size,
+             "num_experts": spec.num_experts, "moe_intermediate_size":
+             spec.moe_intermediate_size, "canvas_length": spec.canvas_length,
+             "max_position_embeddings": spec.max_length}
+    for i, layer in enumerate(spec.layers):
+        sizes[f"layer {i} head_dim"] = layer.head_dim
+        sizes[f"layer {i} num_key_value_heads"] = layer.num_kv_heads
+    for name, value in sizes.items():
+        if value < 1:
+            raise CheckpointError(f"{where}: {name} must be >= 1, got {value}")
+    if not 1 <= spec.top_k <= spec.num_experts:
+        raise CheckpointError(f"{where}: top_k_experts {spec.top_k} must be in [1, num_experts "
+                              f"{spec.num_experts}]")
+    for i, layer in enumerate(spec.layers):
+        if spec.num_heads % layer.num_kv_heads or layer.head_dim % 2:
+            raise CheckpointError(
+                f"{where}: layer {i} has {layer.num_kv_heads} key/value heads and head_dim "
+                f"{layer.head_dim}; num_attention_heads {spec.num_heads} must be a multiple "
+                f"of the key/value heads and head_dim even (RoPE rotates halves)")
+    ids = [("eos_token_id", e) for e in spec.eos_token_ids]
+    ids += [(n, v) for n, v in (("pad_token_id", spec.pad_token_id),
+                                ("bos_token_id", spec.bos_token_id),
+                                *(("image_token_id", i) for i in spec.image_token_ids))
+            if v is not None]
+    for name, value in ids:
+        if not 0 <= int(value) < spec.vocab_size:
+            raise CheckpointError(f"{where}: {name} {value} is outside the vocabulary [0, "
+                                  f"{spec.vocab_size}); fix {name} or vocab_size")
+
+
+def gemma_min_parameters(spec: GemmaSpec) -> int:
+    """A lower bound of the parameter count ``spec`` implies: the tied embedding ``V x d``
+    and per layer q / k / o projections, the dense MLP ``3 d I``, the experts
+    ``3 d I_moe E`` (``v_proj`` and the norms left out)."""
+    d = spec.hidden_size
+    per_layer = 3 * d * spec.intermediate_size + 3 * d * spec.moe_intermediate_size * \
+        spec.num_experts
+    attention = sum(d * (2 * spec.num_heads + s.num_kv_heads) * s.head_dim for s in spec.layers)
+    return spec.vocab_size * d + len(spec.layers) * per_layer + attention
 
 
 def _generation_defaults(gen: dict[str, Any]) -> dict[str, Any]:

@@ -109,26 +109,50 @@ def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
 
 def min_parameters(spec: ModelSpec) -> int:
     """A lower bound of the parameter count ``spec`` implies (every family here has at least
-    an embedding ``V x d`` and per layer q / k / v / o projections and a 3-matrix MLP)."""
+    an embedding ``V x d`` and per layer q / k / v / o projections and a 3-matrix MLP: dense
+    ``3 d I``, or in an MoE family's sparse layers its ``E`` routed experts, ``3 d I_moe E``,
+    which the loader's per-expert name table would otherwise enumerate first)."""
     d, hd = spec.hidden_size, spec.head_dim
     attention = 2 * d * spec.num_heads * hd + 2 * d * spec.num_kv_heads * hd
-    return spec.vocab_size * d + spec.num_layers * (attention + 3 * d * spec.intermediate_size)
+    dense = 3 * d * spec.intermediate_size
+    arch = spec.extra.get("arch")
+    if arch is None:
+        mlps = spec.num_layers * dense
+    else:
+        sparse = 3 * d * arch.moe.intermediate_size * arch.moe.num_experts
+        mlps = sum(sparse if s else dense for s in arch.moe_layers)
+    return spec.vocab_size * d + spec.num_layers * attention + mlps
 
 
 def check_config_fits(spec: ModelSpec, stored: int, where: Path | str) -> None:
     """``CheckpointError`` when the config implies more than twice the parameters the weight
     files hold (``stored`` values, from the headers): checked before any module is built, so
-    absurd sizes (vocabulary 10^12, 10^6 layers) fail here and not in an allocation. The
-    slack keeps the bound safe for families whose layers differ from the dense one assumed
-    by ``min_parameters``; a smaller mismatch is caught tensor by tensor after."""
-    need = min_parameters(spec)
+    absurd sizes (vocabulary 10^12, 10^6 layers, 10^9 experts) fail here and not in an
+    allocation. The slack keeps the bound safe for layers ``min_parameters`` counts only in
+    part (norms, biases, routers, shared experts left out); a smaller mismatch is caught
+    tensor by tensor after. (Released LLaDA2-mini, "16B": the bound is ~15.9 G; DiffusionGemma
+    26B-A4B: ~25 G, its own bound.)"""
+    check_parameter_bound(
+        min_parameters(spec), stored, where,
+        f"vocab {spec.vocab_size}, hidden {spec.hidden_size}, {spec.num_layers} layers, "
+        f"{spec.num_heads} heads, intermediate {spec.intermediate_size}{_experts(spec)}")
+
+
+def check_parameter_bound(need: int, stored: int, where: Path | str, sizes: str) -> None:
+    """``CheckpointError`` naming ``sizes`` (the config's, as text) when a config's lower bound
+    of ``need`` parameters exceeds twice the ``stored`` values its weight files hold."""
     if need > 2 * stored:
         raise CheckpointError(
-            f"{where}: its sizes (vocab {spec.vocab_size}, hidden {spec.hidden_size}, "
-            f"{spec.num_layers} layers, {spec.num_heads} heads, intermediate "
-            f"{spec.intermediate_size}) need at least {need:,} parameters, but the weight files "
-            f"hold {stored:,} values: the config does not describe these weights (check its "
-            f"vocabulary, layer count and sizes)")
+            f"{where}: its sizes ({sizes}) need at least {need:,} parameters, but the weight "
+            f"files hold {stored:,} values: the config does not describe these weights (check "
+            f"its vocabulary, layer count and sizes)")
+
+
+def _experts(spec: ModelSpec) -> str:
+    """``", 64 experts of intermediate 1024"`` for an MoE family's spec, else ``""``."""
+    arch = spec.extra.get("arch")
+    return "" if arch is None else (f", {arch.moe.num_experts} experts of intermediate "
+                                    f"{arch.moe.intermediate_size}")
 
 
 def build_model(config: dict[str, Any], *, seed: int | None = 0,

@@ -1,4 +1,4 @@
-"""Fused decoder layers: what ``DecoderLM`` runs (issue 33: fewer kernels per layer).
+"""Fused decoder layers: what ``DecoderLM`` runs (fewer kernels per layer).
 
 Same function as ``base.Attention`` / ``base.MLP`` / ``base.Layer`` (kept there as the
 readable reference), with the launches cut for a GPU decode step at batch 1:

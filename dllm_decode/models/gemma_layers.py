@@ -25,6 +25,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dllm_decode.models.sparse_moe import DenseMLP, expert_offsets
+
 
 @dataclass(frozen=True)
 class GemmaLayerSpec:
@@ -139,17 +141,16 @@ class GemmaAttention(nn.Module):
         return self.o_proj(out.transpose(1, 2).reshape(b, n, -1))
 
 
-class GemmaMLP(nn.Module):
+def gelu_tanh(x: Tensor) -> Tensor:
+    """GELU, tanh approximation (Gemma's ``gelu_pytorch_tanh``)."""
+    return F.gelu(x, approximate="tanh")
+
+
+class GemmaMLP(DenseMLP):
     """``down(gelu_tanh(gate(x)) * up(x))`` (the dense MLP and the self-conditioning MLP)."""
 
     def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+        super().__init__(hidden, intermediate, gelu_tanh)
 
 
 class GemmaRouter(nn.Module):
@@ -192,7 +193,7 @@ class GemmaExperts(nn.Module):
         for e in experts.unique().tolist():
             tok, slot = torch.where(experts == e)
             gate, up = F.linear(x[tok], self.gate_up_proj[e]).chunk(2, dim=-1)
-            y = F.linear(F.gelu(gate, approximate="tanh") * up, self.down_proj[e])
+            y = F.linear(gelu_tanh(gate) * up, self.down_proj[e])
             out.index_add_(0, tok, (y * weights[tok, slot, None]).to(out.dtype))
         return out
 
@@ -207,10 +208,9 @@ class GemmaExperts(nn.Module):
         flat = experts.reshape(-1)
         sorted_ids, perm = torch.sort(flat)
         rows = x[perm // k]  # [T*k, hidden], grouped by expert
-        counts = torch.bincount(sorted_ids, minlength=self.gate_up_proj.shape[0])
-        offs = torch.cumsum(counts, 0, dtype=torch.int32)
+        offs = expert_offsets(sorted_ids, self.gate_up_proj.shape[0])  # no host sync
         gate, up = _grouped_linear(rows, self.gate_up_proj, offs).chunk(2, dim=-1)
-        y = _grouped_linear(F.gelu(gate, approximate="tanh") * up, self.down_proj, offs)
+        y = _grouped_linear(gelu_tanh(gate) * up, self.down_proj, offs)
         y = y * weights.reshape(-1)[perm, None]
         out = torch.empty_like(y)
         out[perm] = y  # back to (token, slot) order

@@ -9,13 +9,20 @@ only (``models.diffusion_gemma``).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
 import torch
 from torch import Tensor
 
-from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel, gemma_spec
+from dllm_decode.memory import check_fits
+from dllm_decode.models.diffusion_gemma import (
+    DiffusionGemmaModel,
+    gemma_min_parameters,
+    gemma_spec,
+)
+from dllm_decode.models.families import check_parameter_bound
 from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_index
 from dllm_decode.models.weights import check_finite as check_tensor_finite
 
@@ -27,7 +34,10 @@ def build_diffusion_gemma(config: dict[str, Any], *, seed: int = 0, init_std: fl
                           generation: dict[str, Any] | None = None) -> DiffusionGemmaModel:
     """A model from a ``config.json`` dict with seeded weights (tests, benchmarks): matrices
     and expert tensors N(0, init_std^2), norm weights and learned scales 1."""
-    model = DiffusionGemmaModel(gemma_spec(config, generation))
+    spec = gemma_spec(config, generation)
+    check_fits(gemma_min_parameters(spec) * 4, "cpu", "building this model's weights",
+               "the config's sizes (vocabulary, layers, experts) are too large")
+    model = DiffusionGemmaModel(spec)
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for p in model.parameters():
@@ -57,10 +67,15 @@ def load_diffusion_gemma(directory: Path, config: dict[str, Any], *, dtype: torc
     tensors are skipped (text-only); any other tensor is a ``CheckpointError``."""
     gen_path = directory / "generation_config.json"
     spec = gemma_spec(config, read_json(gen_path) if gen_path.is_file() else None)
+    index = tensor_index(directory)  # headers only: every check below precedes any data read
+    stored = sum(math.prod(shape) for _, shape in index.values())
+    check_parameter_bound(gemma_min_parameters(spec), stored, directory / "config.json",
+                          f"vocab {spec.vocab_size}, hidden {spec.hidden_size}, "
+                          f"{len(spec.layers)} layers, {spec.num_experts} experts of "
+                          f"intermediate {spec.moe_intermediate_size}")
     with torch.device("meta"):
         model = DiffusionGemmaModel(spec)
     expected = {checkpoint_name(k): (k, tuple(v.shape)) for k, v in model.state_dict().items()}
-    index = tensor_index(directory)  # headers only: every check below precedes any data read
     text = {n: f for n, (f, _) in index.items() if not n.startswith(VISION_PREFIXES)}
     unexpected = sorted(set(text) - set(expected))
     missing = sorted(set(expected) - set(text))

@@ -1,4 +1,4 @@
-"""Kernel launches per decoder layer of a decoding run (issue 33's per-layer budget).
+"""Kernel launches per decoder layer of a decoding run (the per-layer launch budget).
 
 ``layer_launches`` decodes a short batch-1 prompt under the CPU profiler and counts, with
 ``kernels.count``, the kernels each decoder-layer call launches: top-level aten ops that do

@@ -22,7 +22,14 @@ from __future__ import annotations
 from typing import Any
 
 from dllm_decode.models.base import ModelSpec
-from dllm_decode.models.moe_decoder import ArchSpec, MoEDecoderLM, arch_of, moe_spec, token_config
+from dllm_decode.models.moe_decoder import (
+    ArchSpec,
+    MoEDecoderLM,
+    arch_of,
+    layer_count,
+    moe_spec,
+    token_config,
+)
 from dllm_decode.models.sparse_moe import MoESpec
 
 #: the mask id of the released LLaDA2.x tokenizer (``<|mask|>``; SGLang DLLM_PARAMS)
@@ -72,7 +79,7 @@ def llada2_spec(cfg: dict[str, Any]) -> ModelSpec:
     if cfg.get("rotary_dim") is not None and int(cfg["rotary_dim"]) != rotary:
         raise ValueError(f"{fam} rotary_dim {cfg['rotary_dim']} contradicts head_dim {head_dim} "
                          f"x partial_rotary_factor {cfg.get('partial_rotary_factor')}")
-    layers = int(cfg["num_hidden_layers"])
+    layers = layer_count(cfg, fam)
     dense = int(cfg.get("first_k_dense_replace", 0))
     experts = cfg.get("num_experts")
     shared = int(cfg.get("num_shared_experts") or 0)

@@ -30,6 +30,7 @@ from dllm_decode.models.moe_decoder import (
     MoEDecoderLM,
     arch_of,
     check_config,
+    layer_count,
     moe_spec,
     token_config,
 )
@@ -51,7 +52,7 @@ def llada_moe_spec(cfg: dict[str, Any]) -> ModelSpec:
                             "tie_word_embeddings"))
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     head_dim = hidden // heads
-    layers = int(cfg["num_hidden_layers"])
+    layers = layer_count(cfg, fam)
     freq = cfg.get("moe_layer_freq")
     freq = [1] * layers if freq is None else ([freq] * layers if isinstance(freq, int) else freq)
     if len(freq) != layers:

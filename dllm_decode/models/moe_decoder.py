@@ -29,6 +29,7 @@ from dllm_decode.models.base import DecoderLM, ModelSpec, RMSNorm, to_checkpoint
 from dllm_decode.models.dream import _L, _M, QWEN_NAMES
 from dllm_decode.models.functional import cached_kv, qkv_heads, sdpa
 from dllm_decode.models.sparse_moe import DenseMLP, MoEImpl, MoESpec, SparseMoE
+from dllm_decode.models.weights import MAX_LAYERS
 
 
 @dataclass(frozen=True)
@@ -222,6 +223,14 @@ def token_config(spec: ModelSpec) -> dict[str, Any]:
     return {"mask_token_id": spec.mask_token_id,
             "eos_token_id": eos[0] if len(eos) == 1 else list(eos),
             "pad_token_id": spec.pad_token_id, "use_cache": False}
+
+
+def layer_count(cfg: dict[str, Any], family: str) -> int:
+    """``num_hidden_layers`` of a config dict; ``ValueError`` outside ``[1, MAX_LAYERS]``."""
+    layers = int(cfg["num_hidden_layers"])
+    if not 1 <= layers <= MAX_LAYERS:
+        raise ValueError(f"{family} num_hidden_layers {layers} must be in [1, {MAX_LAYERS:,}]")
+    return layers
 
 
 def check_config(cfg: dict[str, Any], family: str, unsupported: tuple[str, ...]) -> None:

@@ -28,6 +28,7 @@ from dllm_decode.models.moe_decoder import (
     MoEDecoderLM,
     arch_of,
     check_config,
+    layer_count,
     moe_spec,
     token_config,
 )
@@ -50,7 +51,7 @@ def sdar_moe_spec(cfg: dict[str, Any]) -> ModelSpec:
     check_config(cfg, fam, ("rope_scaling", "tie_word_embeddings", "use_sliding_window"))
     heads, hidden = int(cfg["num_attention_heads"]), int(cfg["hidden_size"])
     head_dim = int(cfg.get("head_dim") or hidden // heads)
-    layers = int(cfg["num_hidden_layers"])
+    layers = layer_count(cfg, fam)
     experts = int(cfg.get("num_experts") or 0)
     step = int(cfg.get("decoder_sparse_step") or 1)
     dense_only = set(cfg.get("mlp_only_layers") or [])

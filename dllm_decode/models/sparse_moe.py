@@ -101,16 +101,19 @@ def route(logits: Tensor, spec: MoESpec, bias: Tensor | None = None) -> tuple[Te
 
 
 class DenseMLP(nn.Module):
-    """SwiGLU ``down(silu(gate(x)) * up(x))`` (dense layers and shared experts)."""
+    """Gated MLP ``down(act(gate(x)) * up(x))``: SwiGLU (``act = silu``, dense layers and
+    shared experts) unless ``act`` says otherwise (DiffusionGemma's GeGLU). ``x [..., H]``."""
 
-    def __init__(self, hidden: int, intermediate: int) -> None:
+    def __init__(self, hidden: int, intermediate: int,
+                 act: Callable[[Tensor], Tensor] = F.silu) -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = act
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 
 class Experts(nn.Module):
@@ -146,10 +149,7 @@ class Experts(nn.Module):
         token = order // k
         h = x.index_select(0, token)  # [A, H]
         if _grouped_mm_ok(x, self.gate_proj):
-            # per-expert counts without bincount (which syncs on CUDA to size its output)
-            counts = torch.zeros(self.gate_proj.shape[0], dtype=torch.int32, device=x.device)
-            counts.scatter_add_(0, flat, torch.ones_like(flat, dtype=torch.int32))
-            offs = counts.cumsum(0, dtype=torch.int32)
+            offs = expert_offsets(flat, self.gate_proj.shape[0])
             gate = torch._grouped_mm(h, self.gate_proj.transpose(1, 2), offs=offs)
             up = torch._grouped_mm(h, self.up_proj.transpose(1, 2), offs=offs)
             y = torch._grouped_mm(F.silu(gate) * up, self.down_proj.transpose(1, 2), offs=offs)
@@ -169,6 +169,15 @@ class Experts(nn.Module):
         if impl == "grouped":
             return self.grouped(x, idx, weight)
         raise ValueError(f"moe impl {impl!r}: use 'grouped' or 'reference'")
+
+
+def expert_offsets(ids: Tensor, num_experts: int) -> Tensor:
+    """``ids [A]`` expert ids -> ``[num_experts]`` int32 end offsets of each expert's group in
+    the ids sorted by expert (the ``offs`` of ``grouped_mm``). Counted with ``scatter_add_``,
+    not ``bincount`` (which syncs with the host on CUDA to size its output): no host sync."""
+    counts = torch.zeros(num_experts, dtype=torch.int32, device=ids.device)
+    counts.scatter_add_(0, ids, torch.ones_like(ids, dtype=torch.int32))
+    return counts.cumsum(0, dtype=torch.int32)
 
 
 def _grouped_mm_ok(x: Tensor, w: Tensor) -> bool:

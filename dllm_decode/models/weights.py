@@ -28,11 +28,15 @@ class CheckpointError(ValueError):
 
 #: largest JSON file read (config, index, generation config: kilobytes in real releases)
 MAX_JSON_BYTES = 64 * 2**20
+#: largest ``num_hidden_layers`` accepted: parsers build per-layer tables from it before the
+#: weights' size check can run (released models have at most 94 layers)
+MAX_LAYERS = 100_000
 
 
 def read_json(path: Path) -> dict[str, Any]:
     """A JSON object from ``path``; ``CheckpointError`` with the line and column if invalid,
-    or if the file is larger than ``MAX_JSON_BYTES`` (checked before it is read)."""
+    if the file is larger than ``MAX_JSON_BYTES`` (checked before it is read), or nested past
+    the recursion limit."""
     size = path.stat().st_size
     if size > MAX_JSON_BYTES:
         raise CheckpointError(f"{path}: {size:,} bytes is not a config or index file (at most "
@@ -46,6 +50,9 @@ def read_json(path: Path) -> dict[str, Any]:
     except UnicodeDecodeError as err:
         raise CheckpointError(f"{path}: not a UTF-8 text file ({err.reason}); is it the right "
                               "file?") from None
+    except RecursionError:
+        raise CheckpointError(f"{path}: JSON nested deeper than Python's recursion limit; a "
+                              "config or index file is a few levels deep") from None
     if not isinstance(data, dict):
         raise CheckpointError(f"{path}: expected a JSON object, got {type(data).__name__}")
     return data

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 from typing import Any, Final
 
@@ -165,14 +166,21 @@ def load_state(path: str | Path) -> dict[str, Any]:
         raise StateFormatError(f"{path}: not a dllm-decode training state (its metadata has "
                                f"format {meta.get('format')!r}, expected {FORMAT!r}); a model "
                                "checkpoint directory is loaded with load_model instead")
+    nested = StateFormatError(f"{path}: the state's JSON is nested deeper than Python's "
+                              f"recursion limit {sys.getrecursionlimit()}; a saved training "
+                              "state is a few levels deep")
     try:
         tree = json.loads(meta[_META_KEY])
     except json.JSONDecodeError as err:
         raise StateFormatError(f"{path}: the state's JSON is invalid ({err})") from None
+    except RecursionError:
+        raise nested from None
     try:
         state = _decode(tree, tensors, path)
     except StateFormatError:
         raise
+    except RecursionError:
+        raise nested from None
     except (TypeError, ValueError) as err:  # e.g. an unhashable key in a "$dict" entry
         raise StateFormatError(f"{path}: the state's JSON is malformed ({err})") from None
     if not isinstance(state, dict):

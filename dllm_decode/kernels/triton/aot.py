@@ -113,7 +113,7 @@ def variants() -> list[Variant]:
 
     from dllm_decode.kernels.triton.layer import _qkv_rope_kernel, _silu_mul_kernel, layer_blocks
 
-    for name, dt, heads, kv_heads, head_dim, norm, write in (  # the fused layer ops (issue 33)
+    for name, dt, heads, kv_heads, head_dim, norm, write in (  # the fused layer ops
             ("llada8b_bf16_write", "bf16", 32, 32, 128, False, True),
             ("sdar8b_bf16_norm_write", "bf16", 32, 8, 128, True, True),
             ("dream7b_fp16_norope_write", "fp16", 28, 4, 128, False, False),
