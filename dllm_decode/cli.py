@@ -97,7 +97,7 @@ def _reject_sampler_params(params: dict[str, Any]) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from dllm_decode.policies.defaults import resolve_policy
     from dllm_decode.samplers.build import build_sampler
-    from dllm_decode.text import generate_text
+    from dllm_decode.text import generate_text, testbed_gen_length
 
     if args.policy is not None:
         _check_policy_name(args.policy)
@@ -105,7 +105,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
     _reject_sampler_params(params)
     model, tok, desc = load_model_and_tokenizer(args.model, args.seed, dtype=args.dtype,
                                                 device=args.device, revision=args.revision)
-    params.update(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
+    gen_length = args.gen_length or testbed_gen_length(tok) or 64
+    params.update(gen_length=gen_length, block_length=args.block_length, steps=args.steps,
                   temperature=args.temperature, seed=args.seed)
     if args.stop_at_eos:  # else the family default's (Fast-dLLM v2 stops at its EOS)
         params["stop_at_eos"] = True
@@ -197,7 +198,8 @@ def build_parser() -> argparse.ArgumentParser:
                      choices=["none", "prefix", "dual", "block_causal", "window", "sub_block"],
                      help="default: the family default's cache (no --policy), else the "
                           "policy's preferred cache, else none")
-    gen.add_argument("--gen-length", type=int, default=64)
+    gen.add_argument("--gen-length", type=int, default=None,
+                     help="default: a test-bed checkpoint's answer length (16), else 64")
     gen.add_argument("--block-length", type=int, default=None)
     gen.add_argument("--steps", type=int, default=None)
     gen.add_argument("--temperature", type=float, default=0.0)

@@ -176,6 +176,18 @@ def _testbed_codec(directory: str) -> Any:
     return codec_for(path) if (path / VOCAB_FILE).is_file() else None
 
 
+def testbed_gen_length(tokenizer: Any) -> int | None:
+    """The answer length a test-bed checkpoint was trained on (its vocabulary file's
+    ``gen_length``), or ``None`` for other tokenizers."""
+    from dllm_decode.train.testbed import VOCAB_FILE
+
+    directory = str(getattr(tokenizer, "name_or_path", "") or "")
+    if not directory or not (Path(directory) / VOCAB_FILE).is_file():
+        return None
+    length = json.loads((Path(directory) / VOCAB_FILE).read_text()).get("gen_length")
+    return int(length) if length else None
+
+
 def check_testbed_prompt(codec: Any, ids: Sequence[int]) -> None:
     """Raise ``ValueError`` unless ``ids`` is a prompt in the test-bed format.
 
@@ -264,19 +276,25 @@ def decode_answers(tokenizer: Any, answer: Tensor, stop_ids: Sequence[int],
                    mask_token_id: int | None = None) -> tuple[list[str], list[bool]]:
     """Cut each row of ``answer [B, G]`` at its first stop id and decode it.
 
-    Special tokens (padding, role markers, a leftover mask) are dropped from the text.
+    Special tokens (padding, role markers, a leftover mask) are dropped from the text. A
+    test-bed tokenizer's answers render in the benchmark's list format (``["A B", "C D"]``,
+    ``WaitingLineOracle.decode``: what the graders read), not as its word tokens.
     Returns ``(texts, stopped)``. One host transfer for the whole batch.
     """
     rows = answer.tolist()
     stops = set(stop_ids)
+    codec = _testbed_codec(str(getattr(tokenizer, "name_or_path", "") or ""))
     texts, stopped = [], []
     for row in rows:
         cut = next((i for i, t in enumerate(row) if t in stops), len(row))
         kept = [t for t in row[:cut] if t != mask_token_id]
-        try:
-            text = tokenizer.decode(kept, skip_special_tokens=True)
-        except TypeError:  # a minimal tokenizer without the keyword
-            text = tokenizer.decode(kept)
+        if codec is not None:
+            text = codec.decode(kept)
+        else:
+            try:
+                text = tokenizer.decode(kept, skip_special_tokens=True)
+            except TypeError:  # a minimal tokenizer without the keyword
+                text = tokenizer.decode(kept)
         texts.append(text)
         stopped.append(cut < len(row))
     return texts, stopped

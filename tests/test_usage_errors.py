@@ -76,7 +76,13 @@ def test_cli_testbed_prompt_with_wrong_fill_count(capsys) -> None:
     assert main(["generate", prompt, "--model", "testbed-llada", "--gen-length", "16"]) == 2
     assert "need 4 <fill> tokens" in capsys.readouterr().err
     assert main(["generate", TESTBED_OK, "--model", "testbed-llada", "--gen-length", "16"]) == 0
-    assert capsys.readouterr().out.strip() == "[ Aaron Abbott , Aaron Acosta , Aaron Adler ]"
+    # the benchmark's list format, what the graders read (not the word tokens)
+    assert capsys.readouterr().out.strip() == '["Aaron Abbott", "Aaron Acosta", "Aaron Adler"]'
+    # without --gen-length a test-bed checkpoint answers in its trained 16 positions
+    assert main(["generate", TESTBED_OK, "--model", "testbed-llada"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.strip() == '["Aaron Abbott", "Aaron Acosta", "Aaron Adler"]'
+    assert "of the 16-token budget" in captured.err
 
 
 def test_too_long_prompt_errors_without_the_transformers_warning(capfd, caplog) -> None:
