@@ -19,10 +19,12 @@ from torch import Tensor
 from dllm_decode.memory import check_fits
 from dllm_decode.models.diffusion_gemma import (
     DiffusionGemmaModel,
+    GemmaSpec,
     gemma_min_parameters,
     gemma_spec,
 )
 from dllm_decode.models.families import check_parameter_bound
+from dllm_decode.models.gemma_layers import GemmaLayerSpec
 from dllm_decode.models.weights import CheckpointError, iter_tensors, read_json, tensor_index
 from dllm_decode.models.weights import check_finite as check_tensor_finite
 
@@ -46,6 +48,77 @@ def build_diffusion_gemma(config: dict[str, Any], *, seed: int = 0, init_std: fl
             else:
                 p.copy_(torch.randn(p.shape, generator=gen) * init_std)
     return model.eval()
+
+
+def gemma_config(spec: GemmaSpec) -> tuple[dict[str, Any], dict[str, Any]]:
+    """``(config.json, generation_config.json)`` dicts that ``gemma_spec`` reads back as
+    ``spec`` (release field names; text only: no vision config)."""
+    def first(sliding: bool) -> GemmaLayerSpec | None:
+        return next((s for s in spec.layers if s.sliding == sliding), None)
+
+    base = {True: first(True) or spec.layers[0], False: first(False) or spec.layers[0]}
+    per_layer = {}
+    for i, layer in enumerate(spec.layers):
+        ref = base[layer.sliding]
+        over = {k: getattr(layer, a) for k, a in (("head_dim", "head_dim"),
+                                                  ("num_key_value_heads", "num_kv_heads"))
+                if getattr(layer, a) != getattr(ref, a)}
+        if over:
+            per_layer[str(i)] = over
+    rope = {}
+    for sliding, kind in ((True, "sliding_attention"), (False, "full_attention")):
+        ls = base[sliding]
+        rope[kind] = {"rope_type": ls.rope_type, "rope_theta": ls.rope_theta}
+        if ls.partial_rotary_factor != 1.0:
+            rope[kind]["partial_rotary_factor"] = ls.partial_rotary_factor
+    eos = list(spec.eos_token_ids)
+    text = {
+        "model_type": "diffusion_gemma_text", "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size, "intermediate_size": spec.intermediate_size,
+        "num_hidden_layers": len(spec.layers), "num_attention_heads": spec.num_heads,
+        "head_dim": base[True].head_dim, "num_key_value_heads": base[True].num_kv_heads,
+        "global_head_dim": base[False].head_dim,
+        "num_global_key_value_heads": base[False].num_kv_heads,
+        "layer_types": ["sliding_attention" if s.sliding else "full_attention"
+                        for s in spec.layers],
+        "per_layer_config": per_layer, "rope_parameters": rope,
+        "sliding_window": spec.sliding_window, "num_experts": spec.num_experts,
+        "top_k_experts": spec.top_k, "moe_intermediate_size": spec.moe_intermediate_size,
+        "rms_norm_eps": spec.norm_eps, "max_position_embeddings": spec.max_length,
+        "final_logit_softcapping": spec.softcap, "hidden_activation": "gelu_pytorch_tanh",
+        "attention_bias": False, "use_bidirectional_attention": "vision",
+        "tie_word_embeddings": True, "pad_token_id": spec.pad_token_id,
+        "bos_token_id": spec.bos_token_id, "eos_token_id": eos[0] if len(eos) == 1 else eos}
+    config = {"architectures": ["DiffusionGemmaForBlockDiffusion"],
+              "model_type": "diffusion_gemma", "canvas_length": spec.canvas_length,
+              "tie_word_embeddings": True, "eos_token_id": text["eos_token_id"],
+              "text_config": text}
+    gen = dict(spec.generation)
+    generation = {k: gen[k] for k in ("max_denoising_steps", "t_min", "t_max",
+                                      "stability_threshold", "confidence_threshold",
+                                      "max_new_tokens") if k in gen}
+    generation["sampler_config"] = {"_cls_name": "EntropyBoundSamplerConfig",
+                                    "entropy_bound": gen["entropy_bound"]}
+    generation |= {"eos_token_id": text["eos_token_id"], "pad_token_id": spec.pad_token_id}
+    return config, generation
+
+
+def save_diffusion_gemma(model: DiffusionGemmaModel, directory: str | Path) -> Path:
+    """Write ``config.json``, ``generation_config.json`` and ``model.safetensors`` under the
+    released tensor names (the decoder copy of the text weights, the encoder's layer scalars;
+    no vision tower): what ``load_diffusion_gemma`` reads back."""
+    from safetensors.torch import save_file
+
+    out = Path(directory)
+    out.mkdir(parents=True, exist_ok=True)
+    config, generation = gemma_config(model.spec)
+    (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2,
+                                                           sort_keys=True) + "\n")
+    state = {checkpoint_name(k): v.detach().contiguous().cpu()
+             for k, v in model.state_dict().items()}
+    save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+    return out
 
 
 # ---- checkpoint names -------------------------------------------------------------------------

@@ -47,7 +47,7 @@ from dllm_decode.models.families import (  # noqa: F401 (re-exported: dispatch, 
     register_auto_config,
     with_token_ids,
 )
-from dllm_decode.models.gemma_loading import load_diffusion_gemma
+from dllm_decode.models.gemma_loading import load_diffusion_gemma, save_diffusion_gemma
 from dllm_decode.models.hub import (
     MODEL_PATTERNS,
     check_model_snapshot,
@@ -251,7 +251,10 @@ def fp32_tensors(model: DecoderLM) -> frozenset[str]:
 
 def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int | None = None,
                config_extra: dict[str, Any] | None = None) -> Path:
-    """Write ``config.json`` and safetensors (sharded above ``max_shard_bytes``)."""
+    """Write ``config.json`` and safetensors (sharded above ``max_shard_bytes``; a
+    DiffusionGemma: its own writer, one file)."""
+    if isinstance(model, DiffusionGemmaModel):
+        return save_diffusion_gemma(model, directory)
     out = Path(directory)
     out.mkdir(parents=True, exist_ok=True)
     _, _, writer = FAMILIES[model.spec.family]

@@ -37,6 +37,46 @@ ALPHAS: Final = tuple((i + 0.5) / 20 for i in range(20))
 FLOOR: Final = 1e-9
 
 
+def noisy_posterior(answers: Tensor, canvas: Tensor, keep: Tensor, vocab_size: int, *,
+                    noise_tokens: int | None = None, known: Tensor | None = None,
+                    prior: Tensor | None = None) -> Tensor:
+    """Exact posterior marginals ``[R, G, V]`` (float64) of the clean answer behind noisy
+    canvases that share one prompt.
+
+    Forward process: every known canvas position holds the answer's token with probability
+    ``a`` and a token drawn uniformly from ``noise_tokens`` tokens otherwise (a draw equal to the
+    answer's token reads as a match), with the keep probability ``a`` unknown: uniform over the
+    grid ``keep``. Unknown positions (``known`` False: masked) carry no evidence. The answer is
+    uniform over the rows of ``answers`` a priori (times ``prior``, e.g. 0 / 1 for answers an
+    earlier commit rules out), so
+
+        w(ans) ∝ prior(ans) mean_a prod_{i known} (a [x_i = ans_i] + (1 - a) / noise_tokens)
+
+    and each position's marginal is the ``w``-weighted histogram of ``answers[:, i]``.
+
+    Args:
+        answers: ``[M, G]`` the valid answers; canvas: ``[R, G]`` token ids.
+        keep: ``[A]`` float64 keep probabilities (the prior grid of ``a``).
+        vocab_size: the output's last dimension (token ids index it).
+        noise_tokens: how many tokens the noise draws from (``None``: ``vocab_size``).
+        known: ``[R, G]`` bool, positions that carry evidence (``None``: all).
+        prior: ``[M]`` non-negative answer weights (``None``: uniform).
+    """
+    match = (answers[None] == canvas[:, None]).double()  # [R, M, G]
+    a = keep.double()[:, None, None, None]  # [A, 1, 1, 1]
+    log_l = torch.log(a * match[None] + (1 - a) / (noise_tokens or vocab_size))  # [A,R,M,G]
+    if known is not None:
+        log_l = log_l * known[None, :, None, :]
+    log_w = torch.logsumexp(log_l.sum(-1), 0)  # [R, M]
+    if prior is not None:
+        log_w = log_w + torch.log(prior.double().clamp_min(1e-300))[None]
+    w = torch.softmax(log_w, -1)  # [R, M]
+    r, g = canvas.shape
+    probs = torch.zeros(r, g, vocab_size, dtype=torch.float64, device=canvas.device)
+    index = answers.T[None].expand(r, g, -1)  # [R, G, M]
+    return probs.scatter_add_(2, index, w[:, None, :].expand(r, g, -1))
+
+
 @dataclass
 class OracleCache:
     """Per row: the prompt ids (padding removed) and the committed answer tokens so far."""
@@ -103,13 +143,7 @@ class UniformOracle:
                 ok = (answers[:, :k0] == torch.tensor(done)).all(1)
                 weight = ok.double() if ok.any() else weight
             span = answers[:, k0:k0 + canvas.shape[1]]  # [M, C]
-            match = (span == canvas[r][None]).double()  # [M, C]
-            a = self._alphas[:, None, None]  # [A, 1, 1]
-            log_l = torch.log(a * match[None] + (1 - a) / v).sum(-1)  # [A, M]
-            log_w = torch.logsumexp(log_l, 0) + torch.log(weight.clamp_min(1e-300))
-            w = torch.softmax(log_w, 0)  # [M]
-            probs = torch.zeros(canvas.shape[1], v, dtype=torch.float64)
-            probs.scatter_add_(1, span.T, w[None].expand(canvas.shape[1], -1))
+            probs = noisy_posterior(span, canvas[r][None], self._alphas, v, prior=weight)[0]
             out[r] = probs.clamp_min(FLOOR).log()
         return out.float()
 

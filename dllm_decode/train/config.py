@@ -166,7 +166,8 @@ def build_tiny_model(cfg: TrainConfig, vocab_size: int, mask_id: int, eos_id: in
 
 def untie(model: DecoderLM) -> DecoderLM:
     """Give ``model.head`` its own copy of a shared weight (the release formats save both)."""
-    if model.head.weight is model.embed.weight:
+    head = getattr(model, "head", None)  # DiffusionGemma has none: its head is the embedding
+    if head is not None and head.weight is model.embed.weight:
         model.head.weight = torch.nn.Parameter(model.embed.weight.detach().clone())
     return model
 

@@ -1,4 +1,7 @@
-"""Distil the exact Waiting Line oracle into a tiny LLaDA / Dream / SDAR-style model.
+"""Distil the exact Waiting Line oracle into a tiny LLaDA / Dream / SDAR-style model, or a
+student of a 2026 family (``--family llada2``: LLaDA2.1's editing mixture,
+``train/edit_objective.py``; ``--family gemma``: DiffusionGemma's uniform noise,
+``train/uniform_objective.py``).
 
 The test-bed recipe (``dllm-decode train testbed``), after ``shared/research/
 testbed-feasibility.md``: the oracle's word-level vocabulary (one token per name, so copying is
@@ -33,7 +36,6 @@ import contextlib
 import dataclasses
 import json
 import math
-import random
 import shlex
 import time
 from pathlib import Path
@@ -41,23 +43,25 @@ from typing import Any
 
 import torch
 from torch import Tensor
-from torch.nn import functional as F
 
 from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
 from dllm_decode.train.csvlog import append_row, truncate_rows
+from dllm_decode.train.distill_batch import (  # noqa: F401 (re-exported: the batch builders)
+    answer_masks,
+    make_batch,
+    scramble_batch,
+)
 from dllm_decode.train.distill_config import DistillConfig, saved_config
 from dllm_decode.train.distill_objective import distill_loss
+from dllm_decode.train.edit_objective import ExpertBalance, draft_rows, editing_rows
 from dllm_decode.train.ema import WeightAverage
 from dllm_decode.train.grow import grow_into
 from dllm_decode.train.onpolicy import onpolicy_rows
 from dllm_decode.train.state import LEGACY_FILE, STATE_FILE, load_state, save_state, state_path
-from dllm_decode.train.testbed import (
-    TESTBED_GEN_LENGTH,
-    draw_training_examples,
-    waiting_line_oracle,
-)
+from dllm_decode.train.testbed import waiting_line_oracle
+from dllm_decode.train.uniform_objective import uniform_batch, uniform_loss
 
 LOG_COLUMNS = ("step", "loss", "kl", "lr", "wall_s")
 
@@ -71,8 +75,20 @@ def lr_at(step: int, cfg: DistillConfig) -> float:
                      (1 + math.cos(math.pi * progress)))
 
 
-def build_student(cfg: DistillConfig, oracle: WaitingLineOracle) -> DecoderLM:
-    """A fresh model of ``cfg.family`` over the oracle's vocabulary."""
+def build_student(cfg: DistillConfig, oracle: WaitingLineOracle) -> Any:
+    """A fresh model of ``cfg.family`` over the oracle's vocabulary (``llada2`` / ``gemma``:
+    ``train/testbed_students.py``)."""
+    if cfg.family in ("llada2", "gemma"):
+        from dllm_decode.train import testbed_students as ts
+
+        sizes = (cfg.hidden, cfg.layers, cfg.heads, cfg.intermediate, cfg.experts, cfg.top_k,
+                 cfg.moe_intermediate, oracle)
+        if cfg.family == "gemma":
+            return ts.build_gemma_student(ts.gemma_student_config(*sizes), cfg.seed)
+        model = ts.build_llada2_student(ts.llada2_student_config(*sizes), cfg.seed)
+        if cfg.tie_embeddings:
+            ts.tie_head(model)
+        return model
     tc = TrainConfig(family=cfg.family, hidden=cfg.hidden, layers=cfg.layers, heads=cfg.heads,
                      intermediate=cfg.intermediate, block_size=cfg.block_size, seed=cfg.seed,
                      tie_embeddings=cfg.tie_embeddings)
@@ -80,95 +96,27 @@ def build_student(cfg: DistillConfig, oracle: WaitingLineOracle) -> DecoderLM:
                             oracle.eos_token_ids[0], oracle.pad_token_id)
 
 
-def answer_masks(answers: Tensor, first_name: int, cfg: DistillConfig,
-                 gen: torch.Generator) -> Tensor:
-    """Masked positions ``[B, G]`` (bool, at least one per row) of the three modes."""
-    b, g = answers.shape
-    mode = torch.rand(b, generator=gen)
-    rate = torch.rand(b, 1, generator=gen)
-    draw = torch.rand(b, g, generator=gen)
-    iid = draw < rate
-    block = cfg.block_size if cfg.family == "sdar" else 1
-    start = torch.randint(0, g, (b, 1), generator=gen) // block * block
-    suffix = torch.arange(g)[None] >= start
-    structure = iid & (answers >= first_name)
-    suffix_rows = (mode < cfg.suffix_frac)[:, None]
-    structure_rows = ((mode >= cfg.suffix_frac) &
-                      (mode < cfg.suffix_frac + cfg.structure_frac))[:, None]
-    masked = torch.where(suffix_rows, suffix, torch.where(structure_rows, structure, iid))
-    empty = ~masked.any(-1)
-    pick = torch.randint(0, g, (b,), generator=gen)
-    masked[empty, pick[empty]] = True
-    return masked
-
-
-def make_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
-               ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """``(tokens [B, L], valid [B, L], masked [B, G], targets [B, G, V] float32, P)``.
-
-    During the first ``cfg.warm_steps`` steps every row is a ``suffix`` row (a semi-
-    autoregressive warm-up: clean left context is what forms the copying circuit).
-    """
-    g = TESTBED_GEN_LENGTH
-    if step < cfg.scramble_steps:
-        return scramble_batch(cfg, oracle, step)
-    if step < cfg.warm_steps:
-        cfg = dataclasses.replace(cfg, suffix_frac=1.0, structure_frac=0.0)
-    examples = draw_training_examples(cfg.seed, step, cfg.batch_size, cfg.task_weights())
-    rng = random.Random(f"{cfg.seed}:{step}:answer")
-    gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
-    prompts = [oracle.encode_prompt(task, rec) for task, rec in examples]
-    tables = [oracle.answer_table(p, g) for p in prompts]
-    answers = torch.stack([t[rng.randrange(len(t))] for t in tables])
-    masked = answer_masks(answers, oracle._first_name, cfg, gen)
-    region = torch.where(masked, oracle.mask_token_id, answers)
-    targets = torch.cat([oracle.marginals(t, r[None]) for t, r in zip(tables, region,
-                                                                      strict=True)]).float()
-    width = max(len(p) for p in prompts) + rng.randint(0, cfg.max_pad)
-    if cfg.family == "sdar":  # answers start on a block boundary, as the sampler aligns them
-        width += (-width) % cfg.block_size
-    b = len(prompts)
-    tokens = torch.full((b, width + g), oracle.pad_token_id, dtype=torch.long)
-    valid = torch.zeros(b, width + g, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        tokens[i, width - len(p):width] = torch.tensor(p)
-        valid[i, width - len(p):] = True
-    tokens[:, width:] = region
-    if cfg.eos_cut_frac:  # canvases cut after the answer's first EOS, as EoTP leaves them
-        pos = torch.arange(g)
-        first = torch.where(answers == oracle.eos_token_ids[0], pos, g).min(1).values
-        cut = torch.rand(b, generator=gen) < cfg.eos_cut_frac
-        dead = (pos[None] > first[:, None]) & cut[:, None]
-        valid[:, width:] &= ~dead
-        masked = masked & ~dead
-    return tokens, valid, masked, targets, width
-
-
-def scramble_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
-                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
-    """A scrambled-copy warm-up batch: ``<copy> x1 .. xn <answer>`` -> ``x1 .. xn <eos>..``
-    with random name tokens and no list symbols (nothing in the copied span is predictable
-    from its position, so the only way down is to copy; see ``train/README.md``)."""
-    g = TESTBED_GEN_LENGTH
-    gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
-    b, first = cfg.batch_size, oracle._first_name
-    lengths = (torch.full((b,), cfg.scramble_items) if step < cfg.scramble_fixed else
-               torch.randint(3, g - 3, (b,), generator=gen))
-    names = torch.randint(first, oracle.vocab_size, (b, g), generator=gen)
-    keep = torch.arange(g)[None] < lengths[:, None]
-    answers = torch.where(keep, names, oracle.eos_token_ids[0])
-    width = g
-    tokens = torch.full((b, width + g), oracle.pad_token_id, dtype=torch.long)
-    valid = torch.zeros(b, width + g, dtype=torch.bool)
-    copy_id, answer_id = oracle.token_id["<copy>"], oracle.token_id["<answer>"]
-    for i, n in enumerate(lengths.tolist()):
-        tokens[i, width - n - 2:width] = torch.tensor([copy_id, *answers[i, :n].tolist(),
-                                                       answer_id])
-        valid[i, width - n - 2:] = True
-    masked = answer_masks(answers, first, cfg, gen)
-    tokens[:, width:] = torch.where(masked, oracle.mask_token_id, answers)
-    targets = F.one_hot(answers, oracle.vocab_size).float()
-    return tokens, valid, masked, targets, width
+def step_loss(model: Any, cfg: DistillConfig, oracle: WaitingLineOracle, step: int,
+              balance: ExpertBalance | None = None) -> tuple[Tensor, Tensor]:
+    """One step's ``(loss, KL to the targets)``: the family's batch and objective (the mask
+    families' soft targets, LLaDA2.1's editing mixture, DiffusionGemma's uniform noise)."""
+    if cfg.family == "gemma":
+        batch = uniform_batch(cfg, oracle, step)
+        return uniform_loss(model, *batch, encoder_loss_weight=cfg.encoder_loss_weight)
+    tokens, valid, masked, targets, p = make_batch(cfg, oracle, step)
+    if cfg.onpolicy_frac and step >= cfg.scramble_steps:  # the student's own states
+        tokens, valid, masked, targets = onpolicy_rows(
+            model, oracle, cfg.onpolicy_frac, (cfg.seed << 32) + step, tokens, valid,
+            masked, targets, p, per_step=cfg.onpolicy_k, hard=cfg.onpolicy_hard)
+    if cfg.editing and step >= cfg.scramble_steps:  # LLaDA2.1's editing stream, drafts
+        tokens, masked, targets = editing_rows(cfg, oracle, tokens, valid, masked, targets, p,
+                                               step)
+        tokens, valid, masked, targets = draft_rows(model, cfg, oracle, tokens, valid, masked,
+                                                    targets, p, step)
+    if balance is not None:
+        balance.reset()  # count the training forward's routing only
+    return distill_loss(model, tokens, valid, masked, targets, p, cfg.log_error_weight,
+                        cfg.rank_error_weight, cfg.rank_margin)
 
 
 def command_line(cfg: DistillConfig) -> str:
@@ -198,18 +146,20 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
             raise FileExistsError(f"{existing} exists: pass --resume to continue, or a new --out")
     oracle = waiting_line_oracle()
     model = build_student(cfg, oracle)
-    decay = [p for p in model.parameters() if p.dim() >= 2]
-    rest = [p for p in model.parameters() if p.dim() < 2]
+    params = [p for p in model.parameters() if p.requires_grad]  # frozen layer scalars out
+    decay = [p for p in params if p.dim() >= 2]
+    rest = [p for p in params if p.dim() < 2]
     opt = torch.optim.AdamW([{"params": decay, "weight_decay": cfg.weight_decay},
                              {"params": rest, "weight_decay": 0.0}], lr=cfg.lr,
                             betas=(0.9, 0.98))
-    start, wall_before = 0, 0.0
+    start, wall_before, cpu_before = 0, 0.0, 0.0
     state: dict[str, Any] = {}
     if cfg.resume and state_path(out).exists():
         state = load_state(ckpt)
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["opt"])
         start, wall_before = state["step"], state["wall_s"]
+        cpu_before = float(state.get("cpu_s", 0.0))  # older checkpoints did not record it
         for name in ("loss.csv", "eval.csv"):  # drop rows logged after the checkpoint
             truncate_rows(out / name, start)
     elif cfg.grow_from:
@@ -218,27 +168,25 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
     if ema is not None and state.get("ema") is not None:  # resumed
         ema.load_state_dict(state["ema"])
     averaged = ema.applied if ema is not None else contextlib.nullcontext
+    balance = ExpertBalance(model, cfg.bias_update) if cfg.family == "llada2" and \
+        cfg.bias_update else None
     (out / "distill_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     params = sum(p.numel() for p in model.parameters())
     print(f"[testbed] {cfg.family}: {params / 1e6:.2f}M parameters, vocab "
           f"{oracle.vocab_size}, steps {start}..{cfg.steps}", flush=True)
-    t0 = time.perf_counter()
+    t0, c0 = time.perf_counter(), time.process_time()
     window: list[tuple[float, float]] = []
     model.train()
     for step in range(start, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        tokens, valid, masked, targets, p = make_batch(cfg, oracle, step)
-        if cfg.onpolicy_frac and step >= cfg.scramble_steps:  # the student's own states
-            tokens, valid, masked, targets = onpolicy_rows(
-                model, oracle, cfg.onpolicy_frac, (cfg.seed << 32) + step, tokens, valid,
-                masked, targets, p, per_step=cfg.onpolicy_k, hard=cfg.onpolicy_hard)
-        loss, kl = distill_loss(model, tokens, valid, masked, targets, p, cfg.log_error_weight,
-                                cfg.rank_error_weight, cfg.rank_margin)
+        loss, kl = step_loss(model, cfg, oracle, step, balance)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
         opt.step()
+        if balance is not None:
+            balance.update()
         if ema is not None:
             ema.update(model)
         window.append((float(loss.detach()), float(kl.detach())))
@@ -254,6 +202,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         if done % cfg.ckpt_every == 0 or done == cfg.steps:
             save_state(ckpt, {"model": model.state_dict(), "opt": opt.state_dict(),
                               "step": done, "wall_s": wall, "config": dataclasses.asdict(cfg),
+                              "cpu_s": cpu_before + time.process_time() - c0,
                               "ema": None if ema is None else ema.state_dict(),
                               "eval_schedule": EVEN_SPLIT})
         if (cfg.eval_every and done % cfg.eval_every == 0) or done == cfg.steps:
@@ -269,18 +218,22 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
         export_testbed(untie(model), oracle, out / "model")
     return _write_run_summary(out, cfg, parameters=params, vocab_size=oracle.vocab_size,
                               steps_done=cfg.steps, wall_s=wall,
-                              threads=torch.get_num_threads(), eval_schedule=EVEN_SPLIT)
+                              threads=torch.get_num_threads(), eval_schedule=EVEN_SPLIT,
+                              cpu_s=cpu_before + time.process_time() - c0)
 
 
 def _write_run_summary(run_dir: Path, cfg: DistillConfig, *, parameters: int, vocab_size: int,
                        steps_done: int, wall_s: float, threads: int,
-                       eval_schedule: str | None) -> dict[str, Any]:
+                       eval_schedule: str | None, cpu_s: float | None = None
+                       ) -> dict[str, Any]:
     """Write ``run_dir / "run.json"`` (the one place its fields are named; ``eval_schedule``
-    omitted when unknown) and return it."""
+    and ``cpu_s``, the process CPU time, omitted when unknown) and return it."""
     summary: dict[str, Any] = {
         "command": command_line(cfg), "config": dataclasses.asdict(cfg),
         "parameters": parameters, "vocab_size": vocab_size, "steps_done": steps_done,
         "wall_s": round(wall_s, 1), "threads": threads}
+    if cpu_s is not None:  # on a shared machine the CPU time, not the wall, is the cost
+        summary["cpu_s"] = round(cpu_s, 1)
     if eval_schedule is not None:
         summary["eval_schedule"] = eval_schedule
     summary["versions"] = {"torch": torch.__version__}

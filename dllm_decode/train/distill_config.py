@@ -9,6 +9,10 @@ from pathlib import Path
 from dllm_decode.train.state import is_pickle, legacy_error
 from dllm_decode.train.testbed import RANDOM_TASKS, TESTBED_TASKS
 
+#: student families: the dense mask models, LLaDA2.x (MoE, block diffusion, token editing)
+#: and DiffusionGemma (uniform noise, self-conditioning)
+FAMILIES = ("llada", "dream", "sdar", "llada2", "gemma")
+
 
 @dataclass(frozen=True)
 class DistillConfig:
@@ -72,10 +76,46 @@ class DistillConfig:
     rank_error_weight: float = 0.0
     #: share of each oracle log-ratio the student must keep before that term charges it
     rank_margin: float = 0.5
+    #: MoE students (llada2, gemma): routed experts, experts per token, expert MLP width
+    experts: int = 8
+    top_k: int = 2
+    moe_intermediate: int = 128
+    #: llada2: aux-loss-free balancing, the step by which a layer's expert bias moves toward
+    #: under-loaded experts after each optimizer step (0: off; ``train/edit_objective.py``)
+    bias_update: float = 1e-3
+    #: llada2 (LLaDA2.1's editing stream, ``train/edit_objective.py``): share of rows whose
+    #: visible answer tokens are corrupted with uniform random tokens at a rate drawn from
+    #: U(0, ``edit_rate``), every answer position supervised
+    edit_frac: float = 0.5
+    edit_rate: float = 0.5
+    #: llada2: share of rows that are the student's own parallel draft (``mtf_k`` tokens per
+    #: step, stopped at a random step, its wrong commits kept), every position supervised
+    mtf_frac: float = 0.0
+    mtf_k: int = 4
+    #: llada2: LLaDA2.0's mask-only objective (no editing stream, no drafts): the comparison
+    no_editing: bool = False
+    #: gemma (DiffusionGemma's recipe, ``train/uniform_objective.py``): share of rows whose
+    #: second decoder pass is self-conditioned on the first pass's logits
+    self_cond: float = 0.5
+    #: gemma: weight of the encoder's causal-LM loss on the clean sequence
+    encoder_loss_weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.family not in ("llada", "dream", "sdar"):
-            raise ValueError(f"family must be llada, dream or sdar, got {self.family!r}")
+        if self.family not in FAMILIES:
+            raise ValueError(f"family must be one of {', '.join(FAMILIES)}, "
+                             f"got {self.family!r}")
+        if self.family in ("llada2", "gemma") and not 1 <= self.top_k <= self.experts:
+            raise ValueError(f"top_k must lie in [1, experts={self.experts}], got {self.top_k}")
+        for name in ("edit_frac", "mtf_frac", "self_cond"):
+            if not 0 <= getattr(self, name) <= 1:
+                raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
+        if not 0 < self.edit_rate <= 1:
+            raise ValueError(f"edit_rate must lie in (0, 1], got {self.edit_rate}")
+        if self.mtf_k < 1 or self.bias_update < 0 or self.encoder_loss_weight < 0:
+            raise ValueError("mtf_k must be >= 1, bias_update and encoder_loss_weight >= 0")
+        if self.family == "gemma" and (self.onpolicy_frac or self.eos_cut_frac):
+            raise ValueError("gemma trains on uniform noise: onpolicy_frac and eos_cut_frac "
+                             "(mask-model aids) do not apply")
         if not 0 <= self.suffix_frac + self.structure_frac <= 1:
             raise ValueError("suffix_frac + structure_frac must lie in [0, 1]")
         if self.steps < 1 or self.batch_size < 1:
@@ -101,6 +141,12 @@ class DistillConfig:
             check_grow_source(self.grow_from, self.grow_average)
         if self.grow_average and not self.grow_from:
             raise ValueError("grow_average needs grow_from (the checkpoint whose average to use)")
+
+    @property
+    def editing(self) -> bool:
+        """LLaDA2.1's mixture (mask stream + editing stream) is on: llada2 without
+        ``no_editing``."""
+        return self.family == "llada2" and not self.no_editing
 
     def task_weights(self) -> dict[str, float]:
         """Draw weight per task: ``random_weight`` for the three random tasks whose answers

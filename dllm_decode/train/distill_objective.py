@@ -16,6 +16,7 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from dllm_decode.models.base import DecoderLM
+from dllm_decode.models.functional import block_causal_mask
 
 #: oracle log-probabilities closer than this (nats) are a tie: no order to keep
 RANK_TIE_NATS = 1e-3
@@ -74,14 +75,19 @@ def distill_loss(model: DecoderLM, tokens: Tensor, valid: Tensor, masked: Tensor
                  rank_error_weight: float = 0.0, rank_margin: float = 0.5
                  ) -> tuple[Tensor, Tensor]:
     """``(soft cross-entropy [+ log_error_weight * support_log_error] [+ rank_error_weight *
-    support_rank_error], KL to the targets)`` averaged over masked answer positions.
+    support_rank_error], KL to the targets)`` averaged over the supervised answer positions.
 
-    tokens, valid ``[B, L]``; masked ``[B, G]`` (answer rows ``prompt_length..L``); targets
-    ``[B, G, V]``.
+    tokens, valid ``[B, L]``; masked ``[B, G]`` (answer rows ``prompt_length..L``): the
+    supervised positions (the masked ones; with LLaDA2.1's editing stream also visible ones);
+    targets ``[B, G, V]``. Block-causal models attend in their own blocks (aligned to position
+    0, as they decode), with padding keys hidden.
     """
     positions = model.rope_positions(valid)
     rows = torch.arange(prompt_length, tokens.shape[1])
-    logits = model(tokens, positions, mask=valid, hidden_rows=rows).float()
+    mask = valid
+    if model.attention == "block_causal":  # the model's own blocks, padding keys hidden
+        mask = block_causal_mask(positions, positions, model.block_size) & valid[:, None, :]
+    logits = model(tokens, positions, mask=mask, hidden_rows=rows).float()
     logp = logits.log_softmax(-1)
     log_q = targets.clamp_min(1e-30).log()  # once per step: the entropy and the log-error term
     ce = -(targets * logp).sum(-1)

@@ -55,6 +55,9 @@ def grow_into(model: DecoderLM, small: dict[str, Tensor]) -> None:
         if old is None:  # a new layer: an identity residual block
             state[name] = torch.zeros_like(init) if name.endswith(_WRITERS) else init.clone()
             continue
+        if old.shape == init.shape:  # nothing grows here (any tensor, stacked experts too)
+            state[name] = old.to(init.dtype).clone()
+            continue
         if any(a > b for a, b in zip(old.shape, init.shape, strict=True)):
             raise ValueError(f"{name}: cannot grow {tuple(old.shape)} into {tuple(init.shape)}")
         state[name] = _widen(name, old.to(init.dtype), init, d_old, d_new)

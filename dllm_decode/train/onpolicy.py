@@ -56,9 +56,6 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
 
     Returns: ``(tokens, valid, masked, targets)``, new tensors (the inputs are not modified).
     """
-    from dllm_decode.samplers.sampler import DiffusionSampler
-    from dllm_decode.train.testbed_eval import EVEN_SPLIT
-
     b, g = masked.shape
     n = round(frac * b)
     if n == 0:
@@ -70,21 +67,7 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     stop = torch.randint(0, steps, (n,), generator=gen)  # steps to keep per row
     # drawn only when asked, so runs without it keep their rows and stops
     hard_rows = torch.rand(n, generator=gen) < hard if hard else torch.zeros(n, dtype=torch.bool)
-    training = model.training
-    model.eval()
-    try:
-        # the even split for every family (Dream's time grid commits none at the first step
-        # and two at the last when steps == g)
-        out = DiffusionSampler(model, "low_confidence", gen_length=g, steps=steps,
-                               block_length=None,
-                               temperature=0.0, schedule=EVEN_SPLIT).generate(
-            tokens[rows, :p], valid[rows, :p].long())
-    finally:
-        model.train(training)
-    # states[j] keeps the commits of the first j steps: [n, steps + 1, G]
-    first = torch.arange(steps + 1)[None, :, None]
-    order = out.commit_step[:, None, :]
-    states = torch.where((order >= 0) & (order < first), out.answer[:, None, :], mask_id)
+    out, states = rollout_states(model, tokens[rows, :p], valid[rows, :p], g, per_step)
     prompts = [tokens[i, :p][valid[i, :p]].tolist() for i in rows.tolist()]
     tables = [oracle.answer_table(prompt, g) for prompt in prompts]
     regions = []
@@ -106,6 +89,34 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     tokens[rows, p:], valid[rows, p:] = region, True  # a fresh answer region (no EOS cut)
     masked[rows], targets[rows] = region == mask_id, new_targets
     return tokens, valid, masked, targets
+
+
+def rollout_states(model: Any, prompts: Tensor, valid: Tensor, g: int, per_step: int
+                   ) -> tuple[Any, Tensor]:
+    """The student's greedy ``low_confidence`` decode of ``prompts [n, P]`` (``valid [n, P]``
+    False = left padding) at ``per_step`` tokens per step (fixed steps ``ceil(g / per_step)``,
+    the even split on every family, one block), and its states: ``(Generation, states [n,
+    steps + 1, g])`` where ``states[:, j]`` keeps the commits of the first ``j`` steps and
+    masks the rest. The model is put in eval mode for the decode, then restored."""
+    from dllm_decode.samplers.sampler import DiffusionSampler
+    from dllm_decode.train.testbed_eval import EVEN_SPLIT
+
+    steps = -(-g // per_step)
+    training = model.training
+    model.eval()
+    try:
+        # the even split for every family (Dream's time grid commits none at the first step
+        # and two at the last when steps == g)
+        out = DiffusionSampler(model, "low_confidence", gen_length=g, steps=steps,
+                               block_length=None, temperature=0.0,
+                               schedule=EVEN_SPLIT).generate(prompts, valid.long())
+    finally:
+        model.train(training)
+    first = torch.arange(steps + 1)[None, :, None]
+    order = out.commit_step[:, None, :]
+    states = torch.where((order >= 0) & (order < first), out.answer[:, None, :],
+                         model.mask_token_id)
+    return out, states
 
 
 def first_disagreement(oracle: WaitingLineOracle, table: Tensor, states: Tensor,

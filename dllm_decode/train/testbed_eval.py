@@ -37,13 +37,16 @@ def held_out_prompts(oracle: WaitingLineOracle, task: str, n: int, seed: int | N
 @torch.no_grad()
 def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | None = None,
                  tasks: Sequence[str] = TESTBED_TASKS, policy: str = "low_confidence",
-                 split: str = "test", **sampler_kwargs: Any) -> dict[str, list[dict[str, Any]]]:
-    """Decode ``n`` held-out prompts per task; per task a list of ``{valid, nfe, text}``.
+                 split: str = "test", sample_seed: int | None = None,
+                 **sampler_kwargs: Any) -> dict[str, list[dict[str, Any]]]:
+    """Decode ``n`` held-out prompts per task; per task a list of ``{valid, nfe, text,
+    edits}`` (``edits``: committed positions rewritten, by token editing or re-noising).
 
     ``seed`` offsets the record generator (``None``: the split's own seed), so other seeds draw
-    other held-out prompts. ``sampler_kwargs`` go to ``DiffusionSampler`` (``steps``,
-    ``cache``, policy parameters, ...); the default is one token per step, one block (block-
-    diffusion models: their own block size).
+    other held-out prompts; ``sample_seed`` seeds the sampler's draws (sampling decoders, the
+    uniform-noise canvases; ``None``: the sampler's default). ``sampler_kwargs`` go to
+    ``DiffusionSampler`` (``steps``, ``cache``, policy parameters, ...); the default is one
+    token per step, one block (block-diffusion models: their own block size).
 
     Fixed-step budgets use the even split (``schedule="llada"``) for every family unless the
     policy asks for a schedule of its own (Dream's ``origin``) or the caller passes one, so
@@ -67,20 +70,29 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     for task in tasks:
         records, prompts = held_out_prompts(oracle, task, n, seed, split)
         ids, attn = left_pad(prompts, oracle.pad_token_id)  # block models align themselves
-        gen = sampler.generate(ids, attn, **even)
+        seeded = {} if sample_seed is None else {"seed": sample_seed}
+        gen = sampler.generate(ids, attn, **even, **seeded)
         rows = []
-        for rec, answer, nfe in zip(records, gen.answer.tolist(), gen.nfe.tolist(), strict=True):
+        edits = (gen.edits.sum((1, 2)) if gen.edits is not None
+                 else torch.zeros(len(records), dtype=torch.long)).tolist()
+        for rec, answer, nfe, n_edits in zip(records, gen.answer.tolist(), gen.nfe.tolist(),
+                                             edits, strict=True):
             text = oracle.decode(answer)
-            rows.append({"valid": grade(task, rec, text), "nfe": nfe, "text": text})
+            rows.append({"valid": grade(task, rec, text), "nfe": nfe, "text": text,
+                         "edits": n_edits})
         out[task] = rows
     return out
 
 
 def evaluate_testbed(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int = 0,
                      tokens_per_step: int = 1) -> dict[str, float]:
-    """Share of valid answers per task (and ``mean``) at ``tokens_per_step`` (low_confidence)."""
+    """Share of valid answers per task (and ``mean``) at ``tokens_per_step`` (low_confidence;
+    a uniform-noise model: ``gemma_renoise`` with a budget of ``G / tokens_per_step``
+    denoising steps and its early stop)."""
     steps = TESTBED_GEN_LENGTH // tokens_per_step
-    rows = decode_tasks(model, oracle, n, seed=seed, steps=steps)
+    uniform = getattr(model, "noise_kind", "mask") == "uniform"
+    rows = decode_tasks(model, oracle, n, seed=seed, steps=steps,
+                        policy="gemma_renoise" if uniform else "low_confidence")
     scores = {t: round(sum(r["valid"] for r in v) / len(v), 4) for t, v in rows.items()}
     scores["mean"] = round(sum(scores.values()) / len(scores), 4)
     return scores

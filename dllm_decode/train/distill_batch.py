@@ -1,0 +1,111 @@
+"""The test-bed training batches (``dllm-decode train testbed``; recipe in ``train/distill.py``
+and ``train/README.md``): the three masking modes of a mask-model batch and the
+scrambled-copy warm-up. Every draw is a function of ``(seed, step)``, so ``--resume`` continues
+exactly."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import torch
+from torch import Tensor
+from torch.nn import functional as F
+
+from dllm_decode.models.oracle import WaitingLineOracle
+from dllm_decode.train.distill_config import DistillConfig
+from dllm_decode.train.testbed import TESTBED_GEN_LENGTH, draw_training_examples
+from dllm_decode.train.testbed_students import LLADA2_BLOCK
+
+
+def answer_masks(answers: Tensor, first_name: int, cfg: DistillConfig,
+                 gen: torch.Generator) -> Tensor:
+    """Masked positions ``[B, G]`` (bool, at least one per row) of the three modes."""
+    b, g = answers.shape
+    mode = torch.rand(b, generator=gen)
+    rate = torch.rand(b, 1, generator=gen)
+    draw = torch.rand(b, g, generator=gen)
+    iid = draw < rate
+    block = cfg.block_size if cfg.family == "sdar" else 1
+    start = torch.randint(0, g, (b, 1), generator=gen) // block * block
+    suffix = torch.arange(g)[None] >= start
+    structure = iid & (answers >= first_name)
+    suffix_rows = (mode < cfg.suffix_frac)[:, None]
+    structure_rows = ((mode >= cfg.suffix_frac) &
+                      (mode < cfg.suffix_frac + cfg.structure_frac))[:, None]
+    masked = torch.where(suffix_rows, suffix, torch.where(structure_rows, structure, iid))
+    empty = ~masked.any(-1)
+    pick = torch.randint(0, g, (b,), generator=gen)
+    masked[empty, pick[empty]] = True
+    return masked
+
+
+def make_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
+               ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """``(tokens [B, L], valid [B, L], masked [B, G], targets [B, G, V] float32, P)``.
+
+    During the first ``cfg.warm_steps`` steps every row is a ``suffix`` row (a semi-
+    autoregressive warm-up: clean left context is what forms the copying circuit).
+    """
+    g = TESTBED_GEN_LENGTH
+    if step < cfg.scramble_steps:
+        return scramble_batch(cfg, oracle, step)
+    if step < cfg.warm_steps:
+        cfg = dataclasses.replace(cfg, suffix_frac=1.0, structure_frac=0.0)
+    examples = draw_training_examples(cfg.seed, step, cfg.batch_size, cfg.task_weights())
+    rng = random.Random(f"{cfg.seed}:{step}:answer")
+    gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
+    prompts = [oracle.encode_prompt(task, rec) for task, rec in examples]
+    tables = [oracle.answer_table(p, g) for p in prompts]
+    answers = torch.stack([t[rng.randrange(len(t))] for t in tables])
+    masked = answer_masks(answers, oracle._first_name, cfg, gen)
+    region = torch.where(masked, oracle.mask_token_id, answers)
+    targets = torch.cat([oracle.marginals(t, r[None]) for t, r in zip(tables, region,
+                                                                      strict=True)]).float()
+    width = max(len(p) for p in prompts) + rng.randint(0, cfg.max_pad)
+    if cfg.family == "llada2":  # prompt and answer inside one released-size block
+        width = max(min(width, LLADA2_BLOCK - g), max(len(p) for p in prompts))
+    if cfg.family == "sdar":  # answers start on a block boundary, as the sampler aligns them
+        width += (-width) % cfg.block_size
+    b = len(prompts)
+    tokens = torch.full((b, width + g), oracle.pad_token_id, dtype=torch.long)
+    valid = torch.zeros(b, width + g, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p):width] = torch.tensor(p)
+        valid[i, width - len(p):] = True
+    tokens[:, width:] = region
+    if cfg.eos_cut_frac:  # canvases cut after the answer's first EOS, as EoTP leaves them
+        pos = torch.arange(g)
+        first = torch.where(answers == oracle.eos_token_ids[0], pos, g).min(1).values
+        cut = torch.rand(b, generator=gen) < cfg.eos_cut_frac
+        dead = (pos[None] > first[:, None]) & cut[:, None]
+        valid[:, width:] &= ~dead
+        masked = masked & ~dead
+    return tokens, valid, masked, targets, width
+
+
+def scramble_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
+                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, int]:
+    """A scrambled-copy warm-up batch: ``<copy> x1 .. xn <answer>`` -> ``x1 .. xn <eos>..``
+    with random name tokens and no list symbols (nothing in the copied span is predictable
+    from its position, so the only way down is to copy; see ``train/README.md``)."""
+    g = TESTBED_GEN_LENGTH
+    gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
+    b, first = cfg.batch_size, oracle._first_name
+    lengths = (torch.full((b,), cfg.scramble_items) if step < cfg.scramble_fixed else
+               torch.randint(3, g - 3, (b,), generator=gen))
+    names = torch.randint(first, oracle.vocab_size, (b, g), generator=gen)
+    keep = torch.arange(g)[None] < lengths[:, None]
+    answers = torch.where(keep, names, oracle.eos_token_ids[0])
+    width = g
+    tokens = torch.full((b, width + g), oracle.pad_token_id, dtype=torch.long)
+    valid = torch.zeros(b, width + g, dtype=torch.bool)
+    copy_id, answer_id = oracle.token_id["<copy>"], oracle.token_id["<answer>"]
+    for i, n in enumerate(lengths.tolist()):
+        tokens[i, width - n - 2:width] = torch.tensor([copy_id, *answers[i, :n].tolist(),
+                                                       answer_id])
+        valid[i, width - n - 2:] = True
+    masked = answer_masks(answers, first, cfg, gen)
+    tokens[:, width:] = torch.where(masked, oracle.mask_token_id, answers)
+    targets = F.one_hot(answers, oracle.vocab_size).float()
+    return tokens, valid, masked, targets, width
