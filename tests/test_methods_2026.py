@@ -281,6 +281,18 @@ def test_credit_checks_parameters() -> None:
 
 # ---- front ends -------------------------------------------------------------------------------
 
+@pytest.mark.parametrize(("name", "params"), [("frechet", {}), ("dus", {}), ("credit", {}),
+                                              ("credit", {"base": "frechet"})])
+def test_compiled_step_equals_eager(name: str, params: dict) -> None:
+    """``compile=`` captures ``post_forward`` whole (the credit fusion included)."""
+    model = tiny_model("llada", seed=3, init_std=1.0)
+    prompt = prompt_ids(2, 5, seed=4)
+    kw = {"gen_length": 16, "block_length": 8, **params}
+    want = DiffusionSampler(model, name, **kw).generate(prompt)
+    got = DiffusionSampler(model, name, compile="eager", **kw).generate(prompt)
+    assert torch.equal(got.tokens, want.tokens) and got.forwards == want.forwards
+
+
 def test_presets_run_from_the_cli(capsys) -> None:
     from dllm_decode.cli import main
 

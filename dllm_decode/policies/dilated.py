@@ -47,20 +47,8 @@ _ORDERS: Final = ("dilated", "confidence")
 _OUTSIDE: Final = 1 << 30
 
 
-@lru_cache(maxsize=256)
-def dilated_levels(length: int, base: int = 2, skip_exp: int = 1,
-                   merge_last: bool = True) -> tuple[tuple[int, ...], ...]:
-    """The DUS levels of a block of ``length`` positions, as block offsets (host only).
-
-    Args:
-        length: K, the block's positions.
-        base: a, the dilation base (>= 1; 1: one level, the whole block).
-        skip_exp: k, the first stride is ``K // a^k`` (>= 1).
-        merge_last: merge a last level smaller than the one before into it
-            (``merge_last_level``, applied by ``generate_scheduled``).
-
-    Example: ``dilated_levels(8)`` is ``((0, 4), (2, 6), (1, 3, 5, 7))``.
-    """
+def _build_levels(length: int, base: int, skip_exp: int,
+                  merge_last: bool) -> tuple[tuple[int, ...], ...]:
     if length < 1 or base < 1 or skip_exp < 1:
         raise ValueError(f"dilated_levels: length, base and skip_exp must be >= 1, got "
                          f"{length}, {base}, {skip_exp}")
@@ -84,15 +72,45 @@ def dilated_levels(length: int, base: int = 2, skip_exp: int = 1,
 
 
 @lru_cache(maxsize=256)
+def dilated_levels(length: int, base: int = 2, skip_exp: int = 1,
+                   merge_last: bool = True) -> tuple[tuple[int, ...], ...]:
+    """The DUS levels of a block of ``length`` positions, as block offsets (host only).
+
+    Args:
+        length: K, the block's positions.
+        base: a, the dilation base (>= 1; 1: one level, the whole block).
+        skip_exp: k, the first stride is ``K // a^k`` (>= 1).
+        merge_last: merge a last level smaller than the one before into it
+            (``merge_last_level``, applied by ``generate_scheduled``).
+
+    Example: ``dilated_levels(8)`` is ``((0, 4), (2, 6), (1, 3, 5, 7))``.
+    """
+    return _build_levels(length, base, skip_exp, merge_last)
+
+
+#: ``(L, start, end, base, skip_exp, merge_last, device)`` -> ``_level_row``'s result
+_LEVEL_ROWS: dict[tuple, tuple[Tensor, int]] = {}
+
+
 def _level_row(length: int, start: int, end: int, base: int, skip_exp: int, merge_last: bool,
                device: torch.device) -> tuple[Tensor, int]:
     """``([L] int64 level of each canvas position, number of levels)`` for the block
-    ``[start, end)`` (``_OUTSIDE`` elsewhere); a read-only constant per block."""
-    levels = dilated_levels(end - start, base, skip_exp, merge_last)
+    ``[start, end)`` (``_OUTSIDE`` elsewhere): a read-only constant per block, cached in eager
+    mode and built in place under ``torch.compile`` (which folds it)."""
+    key = (length, start, end, base, skip_exp, merge_last, device)
+    compiling = torch.compiler.is_compiling()
+    if not compiling and key in _LEVEL_ROWS:
+        return _LEVEL_ROWS[key]
+    levels = _build_levels(end - start, base, skip_exp, merge_last)
     row = torch.full((length,), _OUTSIDE, dtype=torch.long)
     for depth, level in enumerate(levels):
         row[[start + j for j in level]] = depth
-    return row.to(device), len(levels)
+    out = row.to(device), len(levels)
+    if not compiling:
+        if len(_LEVEL_ROWS) > 256:
+            _LEVEL_ROWS.clear()
+        _LEVEL_ROWS[key] = out
+    return out
 
 
 @dataclass(frozen=True)
@@ -148,10 +166,6 @@ class DilatedSchedule:
         if self.order not in _ORDERS:
             raise ValueError(f"DilatedSchedule: order must be one of {_ORDERS}, got "
                              f"{self.order!r}")
-
-    def levels(self, length: int) -> tuple[tuple[int, ...], ...]:
-        """The block-offset levels of a block of ``length`` positions."""
-        return dilated_levels(length, self.base, self.skip_exp, self.merge_last)
 
     def select(self, state: StepState) -> Tensor:
         """Commit mask ``[B, L]`` of the level in force (see the class docstring)."""
