@@ -269,6 +269,16 @@ def test_credit_memory_is_per_block_and_per_row() -> None:
     assert mem.steps == 1 and mem.block == (4, 8)  # a new block starts from zero credit
 
 
+def test_threshold_tie_window_is_dinfers_rule() -> None:
+    """dInfer's threshold: ``conf >= min(max - 1e-5, tau)`` (parity option, off by default)."""
+    state = _state([[0.5, 0.499995, 0.4, 0.499]])
+    assert Threshold(0.9).select(state)[0].tolist() == [True, False, False, False]
+    got = Threshold(0.9, tie_window=1e-5).select(state)[0].tolist()
+    assert got == [True, True, False, False]
+    sure = _state([[0.95, 0.949995, 0.3]])
+    assert Threshold(0.9, tie_window=1e-5).select(sure)[0].tolist() == [True, True, False]
+
+
 def test_credit_checks_parameters() -> None:
     for bad in ({"credit_alpha": -1.0}, {"boost_gamma": 0.0}, {"decay_beta": 1.5}):
         with pytest.raises(ValueError):
