@@ -96,6 +96,13 @@ class Threshold:
         return commit
 
 
+def ranked_adaptive(score: ScoreKind) -> Capabilities:
+    """The capabilities of an adaptive rule over the ranking by ``score`` (``factor``,
+    ``frechet``): open-ended steps, the proposal field of ``score`` only, masked positions."""
+    return Capabilities(budgeted=False, proposal_fields=score_fields(score),
+                        reads_masked_only=True)
+
+
 def threshold_mask(score: Tensor, eligible: Tensor, tau: float) -> Tensor:
     """``eligible & (score >= tau | the row's best eligible position)`` ``[B, N]``: ``top1_mask``
     folded in (one argmax, first maximum on ties); a row with an eligible position always
@@ -123,8 +130,7 @@ class Factor:
     @property
     def capabilities(self) -> Capabilities:
         """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
-        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
-                            reads_masked_only=True)
+        return ranked_adaptive(self.score)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))

@@ -32,8 +32,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from dllm_decode.policies.adaptive import ranked_adaptive
 from dllm_decode.policies.base import rank_desc, step_score
-from dllm_decode.policies.capabilities import Capabilities, score_fields
+from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
@@ -82,8 +83,7 @@ class Frechet:
     @property
     def capabilities(self) -> Capabilities:
         """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
-        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
-                            reads_masked_only=True)
+        return ranked_adaptive(self.score)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -105,7 +105,7 @@ class Frechet:
             -1, ranks.clamp(max=length - 1), torch.where(eligible, score, 0.0))
         n_elig = eligible.sum(-1, keepdim=True)
         cols = torch.arange(length, device=score.device)
-        passes = (frechet_gaps(in_order.double()) > self.delta) & (cols < n_elig)
+        passes = (frechet_gaps(in_order) > self.delta) & (cols < n_elig)
         count = passes.sum(-1, keepdim=True).clamp(min=1)
         return eligible & (ranks < count)
 
