@@ -27,9 +27,9 @@ Deviations from dInfer (flagged in ``Credit``):
 * the softmax and argmax that feed the credit see the logits with the mask token removed
   (dInfer keeps it in the softmax, and its threshold rule drops positions whose argmax is the
   mask token); EOS edits of the loop (``logits_eos_inf``) come first too;
-* dInfer's threshold also commits, when nothing crosses ``tau``, every position within 1e-5
-  of the best confidence; the library's ``threshold`` commits the best one alone (Fast-dLLM's
-  rule; ties to the lower index);
+* dInfer's threshold also commits every position within 1e-5 of the best confidence; the
+  library's ``threshold`` commits the best one alone by default (Fast-dLLM's rule; ties to the
+  lower index), ``tie_window=1e-5`` is dInfer's rule (a parity option);
 * dInfer's ``BlockRunner`` forwards up to 4 times between "is the block done?" checks (when a
   block has >= 16 masks and ``expected_tpf = 8``), wasting forwards on a finished block; the
   one loop checks before every forward (the NFE differs only there);
