@@ -279,6 +279,25 @@ def test_threshold_tie_window_is_dinfers_rule() -> None:
     assert Threshold(0.9, tie_window=1e-5).select(sure)[0].tolist() == [True, True, False]
 
 
+def test_credit_per_row_rows_equal_shared_rows() -> None:
+    """Pruned forwards hand per-row canvas positions ``[B, R]``: the same fusion as shared
+    ``[R]`` positions (the gather path vs the index_select path)."""
+    rule = Credit(Threshold(0.9))
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(2, 10, 16, generator=gen)
+    masked = torch.rand(2, 12, generator=gen) > 0.3
+    rows = torch.arange(2, 12)
+    shared, per_row = (rule.init_memory(2, 12, torch.device("cpu")) for _ in range(2))
+    for _ in range(3):
+        a = rule.fuse_logits(logits.clone(), rows, masked, shared, (4, 8))
+        b = rule.fuse_logits(logits.clone(), rows.expand(2, -1).clone(), masked, per_row, (4, 8))
+        assert torch.equal(a, b) and torch.equal(shared.credit, per_row.credit)
+    model = tiny_model("llada", seed=3, init_std=1.0)  # cache="window" feeds per-row rows
+    out = DiffusionSampler(model, "credit", cache="window", gen_length=16,
+                           block_length=8).generate(prompt_ids(2, 5, seed=4))
+    assert not (out.answer == model.mask_token_id).any()
+
+
 def test_credit_checks_parameters() -> None:
     for bad in ({"credit_alpha": -1.0}, {"boost_gamma": 0.0}, {"decay_beta": 1.5}):
         with pytest.raises(ValueError):

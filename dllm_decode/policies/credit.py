@@ -139,20 +139,26 @@ class Credit:
         if memory.steps > 0:
             credit.mul_(self.decay_beta)
         memory.steps += 1
-        # where each block position sits among the fed rows (absent: not fed this step)
+        # where each block position sits among the fed rows (absent: not fed this step); the
+        # row index is 0 where a position is not fed, and its update there is zero
         pos = torch.arange(start, end, device=logits.device)
-        per_row = rows.expand(b, -1) if rows.dim() == 1 else rows  # [B, R]
-        hit = per_row[:, None, :] == pos[None, :, None]  # [B, K, R]
-        fed = hit.any(-1)  # [B, K]
-        at = hit.int().argmax(-1)  # [B, K] row index (0 where not fed: its update is zero)
-        at_v = at[..., None].expand(-1, -1, v)
-        block_logits = logits.gather(1, at_v)  # [B, K, V]
+        shared = rows.dim() == 1  # one row set for the batch: [K] indices, no [B, K, V] index
+        hit = (rows[None, :] == pos[:, None] if shared  # [K, R]
+               else rows[:, None, :] == pos[None, :, None])  # [B, K, R]
+        fed = hit.any(-1).expand(b, -1)  # [B, K]
+        at = hit.int().argmax(-1)  # [K] or [B, K]
+        if shared:
+            block_logits = logits.index_select(1, at)  # [B, K, V]
+        else:
+            at_v = at[..., None].expand(-1, -1, v)
+            block_logits = logits.gather(1, at_v)
         top_p, top_i = torch.softmax(block_logits.float(), dim=-1).max(-1)
         gain = top_p.pow(self.boost_gamma) * (fed & masked[:, start:end])
         credit.scatter_add_(2, top_i[..., None], gain[..., None])
-        bonus = self.credit_alpha * torch.log(credit + 1.0)  # [B, K, V]
-        bonus = bonus * fed[..., None]
-        return logits.scatter_add_(1, at_v, bonus.to(logits.dtype))
+        bonus = (self.credit_alpha * torch.log(credit + 1.0) * fed[..., None]).to(logits.dtype)
+        if shared:
+            return logits.index_add_(1, at, bonus)
+        return logits.scatter_add_(1, at_v, bonus)
 
     def select(self, state: StepState) -> Any:
         """The base selector on the (already fused) step, with its own memory."""
