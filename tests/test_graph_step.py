@@ -148,7 +148,8 @@ def test_static_step_reuses_buffers_and_keeps_results(monkeypatch: pytest.Monkey
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_static_step_conformance_cases(family: str) -> None:
-    """Every greedy conformance case the static step supports: the recorded tokens. Greedy
+    """Recorded: every greedy conformance case the static step supports gives the recorded
+    tokens (machine-independent, as ``test_conformance.test_llada_case``). Greedy
     cases run with ``rng="compact"`` (no draws either way): the static step's own top-k, ties to
     the lower index — the recordings have no exact tie at a top-k boundary (their
     ``min_topk_boundary_gap`` >= 1e-4), so that order gives the reference's tokens, whereas
