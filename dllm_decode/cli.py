@@ -125,21 +125,11 @@ def cmd_generate(args: argparse.Namespace) -> int:
         result = generate_text(sampler, tok, args.prompt, on_step=on_step)
     elapsed = time.perf_counter() - start
     out = result.generation
-    answer = out.answer[0].tolist()
-    stops = set(result.stop_token_ids)
-    useful = next((i for i, t in enumerate(answer) if t in stops), len(answer))
     print(result.texts[0])
-    nfe = int(out.nfe[0])
     if args.plot:
-        _plot(out, args.plot, tok)
-    # the field's figure leads: answer tokens up to the first stop token per forward; the
-    # budget figure also counts the EOS fill after it (Fast-dLLM issue #15 is about exactly
-    # that inflation)
-    print(f"[{desc} | policy={sampler.policy.name} cache={sampler.config.cache.value}] NFE={nfe} "
-          f"tokens/forward={useful / max(nfe, 1):.2f} ({useful} answer tokens up to EOS; "
-          f"{len(answer) / max(nfe, 1):.2f} counting the EOS fill of the {len(answer)}-token "
-          f"budget) time={elapsed:.2f}s tokens/s={useful / max(elapsed, 1e-9):.1f}",
-          file=sys.stderr)
+        _plot(out, args.plot, tok, result.stop_token_ids)
+    print(f"[{desc} | policy={sampler.policy.name} cache={sampler.config.cache.value}] "
+          f"{speed_line(out, result.stop_token_ids, elapsed)}", file=sys.stderr)
     return 0
 
 
@@ -149,11 +139,26 @@ def _check_policy_name(name: str) -> None:
                          "import path 'package.module:ClassName' / 'file.py:ClassName'")
 
 
-def _plot(generation: Any, path: str, tok: Any) -> None:
+def speed_line(generation: Any, stop_ids: Sequence[int], elapsed: float) -> str:
+    """``NFE=.. tokens/forward=.. (..) tokens/step=.. (..) time=.. tokens/s=..`` of a one-row
+    ``generation``: tokens per forward as ``dllm_decode.speed`` defines it, then the budget
+    figure under its own name (it counts the EOS fill)."""
+    from dllm_decode.speed import TPF_UNIT, generation_tpf
+
+    tpf, useful = generation_tpf(generation, stop_ids)
+    nfe, budget = int(generation.nfe[0]), int(generation.answer.shape[1])
+    return (f"NFE={nfe} {TPF_UNIT}={tpf:.2f} ({useful[0]} answer tokens up to EOS / {nfe} "
+            f"forward{'s' if nfe != 1 else ''}) tokens/step={budget / max(nfe, 1):.2f} (the "
+            f"{budget}-token budget, EOS fill included) time={elapsed:.2f}s "
+            f"tokens/s={useful[0] / max(elapsed, 1e-9):.1f}")
+
+
+def _plot(generation: Any, path: str, tok: Any, stop_ids: Sequence[int]) -> None:
     try:
         from dllm_decode.plot import plot_decoding
 
-        plot_decoding(generation, path, decode=tok.decode if hasattr(tok, "decode") else None)
+        plot_decoding(generation, path, decode=tok.decode if hasattr(tok, "decode") else None,
+                      stop_token_ids=stop_ids)
     except ImportError as err:
         raise ValueError(f"--plot needs matplotlib (pip install 'dllm-decode[eval]'): "
                          f"{err}") from None
@@ -239,6 +244,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # commands that keep partial results say so themselves
+        print("dllm-decode: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "train" and argv[1] in ("tiny", "testbed", "learn2pd",
                                                              "convert"):
         from dllm_decode.train.cli import run_train  # trainer flags pass through untouched
