@@ -1,5 +1,5 @@
 """Every Python snippet of README.md runs as ``python snippet.py`` from any folder and prints
-clean text (issue 36).
+clean text.
 
 The snippets are read from README.md, so the README cannot drift from the library. Rule:
 a snippet runs here unless it needs a GPU or the network, i.e. it mentions ``cuda`` or a

@@ -19,13 +19,10 @@ from dllm_decode import (
     load_tokenizer,
 )
 from dllm_decode.speed import answer_lengths, tokens_per_forward
+from tests.test_clean_tree import PROMPT
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
-PROMPT = ("You are managing a waiting line at a customer service desk.\n"
-          "You need to record the following people in the order they arrived:\n"
-          '["Maya Doyle", "Ivan Bennett", "Pedro Lindqvist"]\n'
-          "Please copy the list exactly and provide only the final list.\n")
 
 
 def test_answer_lengths_stop_at_the_first_stop_token_or_the_cut() -> None:
