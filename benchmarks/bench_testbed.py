@@ -100,7 +100,7 @@ def load(name: str) -> Any:
 def policy_of(policy: str, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     if policy == "threshold+eotp":
         from dllm_decode.policies.learn2pd import with_eotp
-        from dllm_decode.policies.registry import make_policy
+        from dllm_decode.policies.resolve import make_policy
 
         return with_eotp(make_policy("threshold", tau=kwargs["tau"])), {}
     return policy, kwargs

@@ -10,7 +10,8 @@ from dllm_decode.config import SamplerConfig
 from dllm_decode.models.loading import load_model
 from dllm_decode.plot import plot_decoding
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.registry import Policy, make_policy
+from dllm_decode.policies.policy import Policy
+from dllm_decode.policies.resolve import make_policy
 from dllm_decode.samplers.check import check_policy
 from dllm_decode.samplers.sampler import DiffusionSampler
 from dllm_decode.text import TextGeneration, generate_text

@@ -14,6 +14,7 @@ decides whether verifying pays off; if so the "2L" forward yields the AR conditi
 The routers (``never``, ``always``, ``mask_span_length``, ``score_threshold``,
 ``score_hysteresis``, ``contextual_bandit_ucb``) are policy objects with per-generation memory;
 they live in ``dllm_decode.policies.s2d2`` with SDAR's base rules and are re-exported here.
+``s2d2`` below builds the selector from flat parameters (the ``s2d2`` preset).
 
 Shapes: ``B`` batch, ``S`` positions of the current (absolute-aligned) block, ``V`` vocabulary.
 
@@ -45,6 +46,7 @@ from torch import Tensor
 from dllm_decode.policies.base import init_memory_of
 from dllm_decode.policies.capabilities import Capabilities, capabilities_of
 from dllm_decode.policies.s2d2 import (  # noqa: F401  (routers re-exported here)
+    FALLBACKS,
     Always,
     BanditMemory,
     ContextualBanditUCB,
@@ -337,3 +339,62 @@ class SelfSpeculative:
         if update is not None:
             update(ctx, mem.router, verify, commit.sum(1))
         return Selection(commit, tokens, prob)
+
+
+def s2d2(
+    *,
+    router: str = "score_threshold",
+    score_type: str | None = None,
+    tau_score: float = 0.0,
+    c: float = 1.0,
+    tau_on: float = 1.0,
+    tau_off: float = -5.0,
+    tau_span: int = 1,
+    ucb_beta: float = 1.0,
+    ucb_bins: tuple[int, int, int] = (2, 2, 2),
+    estimator: str = "soft_entropy_negexp",
+    entropy_temperature: float = 1.0,
+    margin_threshold: float = 0.05,
+    entropy_threshold: float = 0.5,
+    confidence_power: float = 1.0,
+    margin_coef: float = 1.0,
+    fallback: str = "low_confidence_dynamic",
+    tau: float = 0.85,
+    eb_gamma: float = 0.1,
+    gamma: float = 1.0,
+    allow_resample: bool = True,
+    causal_prefix: bool = True,
+    draft_causal: bool = True,
+) -> Any:
+    """Build the S2D2 selector (defaults: SDAR Config-A of the paper's README: score threshold
+    0, static score, c = 1, soft entropy estimator, dynamic-threshold fallback at 0.85,
+    AR-like prefix caching ``causal_prefix`` = ``cache_ver``, partially-causal drafting
+    ``draft_causal`` = ``draft_ver``).
+
+    ``router``: ``never`` | ``always`` | ``mask_span_length`` (``tau_span``) |
+    ``score_threshold`` (``tau_score``) | ``score_hysteresis`` (``tau_on`` > ``tau_off``) |
+    ``contextual_bandit_ucb`` (``ucb_beta``, ``ucb_bins``); ``score_type`` ``static``
+    (K̂ − c) or ``dynamic`` (K̂ − c·N_hi), ``None``: the router's default (threshold static,
+    hysteresis dynamic, as in the paper's configurations); ``estimator``: see
+    ``speculative.ESTIMATORS``; ``fallback``: see ``FALLBACKS``.
+    """
+    kind = {} if score_type is None else {"kind": score_type}
+    if fallback not in FALLBACKS:
+        raise ValueError(f"fallback must be one of {sorted(FALLBACKS)}, got {fallback!r}")
+    routers = {
+        "never": lambda: Never(),
+        "always": lambda: Always(),
+        "mask_span_length": lambda: MaskSpanLength(tau_span),
+        "score_threshold": lambda: ScoreThreshold(tau_score, c=c, **kind),
+        "score_hysteresis": lambda: ScoreHysteresis(tau_on, tau_off, c=c, **kind),
+        "contextual_bandit_ucb": lambda: ContextualBanditUCB(ucb_beta, tuple(ucb_bins)),
+    }
+    if router not in routers:
+        raise ValueError(f"router must be one of {sorted(routers)}, got {router!r}")
+    est = AcceptanceEstimator(estimator, beta=entropy_temperature, margin=margin_threshold,
+                                   entropy_threshold=entropy_threshold, power=confidence_power,
+                                   coef=margin_coef)
+    return SelfSpeculative(router=routers[router](), estimator=est,
+                                base=FALLBACKS[fallback](tau, eb_gamma), tau=tau, gamma=gamma,
+                                allow_resample=allow_resample, causal_prefix=causal_prefix,
+                                draft_causal=draft_causal)
