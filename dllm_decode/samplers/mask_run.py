@@ -20,7 +20,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.cache.plans import make_plan
+from dllm_decode.cache.table import make_plan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.base import check_commit, init_memory_of
 from dllm_decode.samplers import schedule as sch

@@ -30,7 +30,7 @@ def layer_launches(model: Any, cache: str = "dual", *, batch: int = 1, prompt_le
 
     Returns: ``LaunchCount`` with one ``per_range`` entry per layer call.
     """
-    from dllm_decode import DiffusionSampler
+    from dllm_decode.samplers.sampler import DiffusionSampler
 
     gen = torch.Generator().manual_seed(0)
     vocab = min(model.vocab_size, model.mask_token_id)

@@ -16,7 +16,7 @@ from torch import Tensor
 
 from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.policies.capabilities import Capabilities, capabilities_of
-from dllm_decode.policies.registry import make_policy
+from dllm_decode.policies.resolve import make_policy
 from dllm_decode.types import CacheMode, StepState
 
 
