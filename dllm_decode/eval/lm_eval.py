@@ -106,7 +106,7 @@ class DllmDecodeLM(LM):
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval defaults to cuda
         if model is None:
-            from dllm_decode import load_model
+            from dllm_decode.models.loading import load_model
 
             model = load_model(pretrained, dtype=getattr(torch, dtype), device=device)
         if tokenizer is None or isinstance(tokenizer, str):

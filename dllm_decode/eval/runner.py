@@ -77,9 +77,9 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     if out["dllm_decode"] is None:
-        import dllm_decode
+        from dllm_decode.version import __version__
 
-        out["dllm_decode"] = getattr(dllm_decode, "__version__", None)
+        out["dllm_decode"] = __version__
     return out
 
 
@@ -352,9 +352,9 @@ def run_sweep(args: Any) -> RunSummary:
     ``limit``, ``batch_size``, ``device``, ``dtype`` (default bfloat16 on GPU, float32 on CPU),
     ``no_progress`` attributes. Under ``torchrun`` each rank uses ``cuda:LOCAL_RANK``.
     """
-    from dllm_decode import load_model
     from dllm_decode.eval.parallelbench.codec import ModelCodec, TokenizerCodec
     from dllm_decode.eval.parallelbench.grid import load_grid
+    from dllm_decode.models.loading import load_model
 
     grid = load_grid(args.grid)
     overrides = {k: getattr(args, k, None) for k in ("batch_size",)}

@@ -13,7 +13,7 @@ from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
 from dllm_decode.policies.defaults import apply_family_default
 from dllm_decode.policies.policy import Policy
 from dllm_decode.samplers.batching import decode_groups, split_rows
-from dllm_decode.samplers.graph import StepGraphs
+from dllm_decode.samplers.graph_replay import StepGraphs
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.loop import decode_loop
 from dllm_decode.samplers.noise import noise_kind

@@ -23,12 +23,14 @@ from typing import Any, Final
 
 from dllm_decode.eval.parallelbench.generate import generate_task, split_seed
 from dllm_decode.eval.parallelbench.names import FIRST_NAMES, LAST_NAMES
-from dllm_decode.models.oracle import (
+from dllm_decode.models.oracle import (  # noqa: F401 (VOCAB_FILE, codec_for re-exported)
     ANSWER,
     EOS,
     MASK,
     PAD,
+    VOCAB_FILE,
     WaitingLineOracle,
+    codec_for,
     record_fields,
     task_name,
     valid_answers,
@@ -51,7 +53,6 @@ DETERMINISTIC_TASKS: Final = ("copy", "reverse", "insert_index", "remove_index",
                               "replace_index")
 RANDOM_TASKS: Final = ("shuffle", "insert_random", "replace_random", "remove_random")
 #: file written beside a test-bed checkpoint: the vocabulary that rebuilds its codec
-VOCAB_FILE: Final = "waiting_line_vocab.json"
 
 
 def waiting_line_oracle(**knobs: Any) -> WaitingLineOracle:
@@ -129,20 +130,6 @@ def write_tokenizer(oracle: WaitingLineOracle, directory: str | Path) -> None:
     spec = {"names": list(TESTBED_NAMES), "max_items": oracle.max_items, "slots": oracle.slots,
             "answer_token": ANSWER, "gen_length": TESTBED_GEN_LENGTH}
     (directory / VOCAB_FILE).write_text(json.dumps(spec, indent=1) + "\n")
-
-
-def codec_for(directory: str | Path) -> WaitingLineOracle | None:
-    """The word-level codec of a checkpoint directory (``None`` if it is not a test-bed one).
-
-    The returned oracle is used only for ``encode_prompt`` / ``decode`` (its vocabulary equals
-    the checkpoint's).
-    """
-    path = Path(directory) / VOCAB_FILE
-    if not path.is_file():
-        return None
-    spec = json.loads(path.read_text())
-    return WaitingLineOracle(spec["names"], max_items=int(spec["max_items"]),
-                             slots=spec.get("slots"))
 
 
 def prompt_text(oracle: WaitingLineOracle, ids: Sequence[int]) -> str:
