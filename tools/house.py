@@ -60,47 +60,14 @@ def import_graph(src: Path) -> dict[str, set[str]]:
 
 
 def strong_components(graph: dict[str, set[str]]) -> list[list[str]]:
-    """Tarjan's strongly connected components (iterative), each sorted."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    out: list[list[str]] = []
-    counter = 0
-    for start in sorted(graph):
-        if start in index:
-            continue
-        work = [(start, iter(sorted(graph.get(start, ()))))]
-        index[start] = low[start] = counter
-        counter += 1
-        stack.append(start)
-        on_stack.add(start)
-        while work:
-            node, children = work[-1]
-            for child in children:
-                if child not in index:
-                    index[child] = low[child] = counter
-                    counter += 1
-                    stack.append(child)
-                    on_stack.add(child)
-                    work.append((child, iter(sorted(graph.get(child, ())))))
-                    break
-                if child in on_stack:
-                    low[node] = min(low[node], index[child])
-            else:
-                work.pop()
-                if work:
-                    low[work[-1][0]] = min(low[work[-1][0]], low[node])
-                if low[node] == index[node]:
-                    comp = []
-                    while True:
-                        top = stack.pop()
-                        on_stack.discard(top)
-                        comp.append(top)
-                        if top == node:
-                            break
-                    out.append(sorted(comp))
-    return out
+    """The strongly connected components of ``graph`` (networkx, a torch dependency), each
+    sorted, in sorted order."""
+    import networkx as nx
+
+    g = nx.DiGraph()
+    g.add_nodes_from(graph)
+    g.add_edges_from((a, b) for a, bs in graph.items() for b in bs)
+    return sorted(sorted(c) for c in nx.strongly_connected_components(g))
 
 
 def room(module: str) -> str:
