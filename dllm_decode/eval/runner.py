@@ -308,7 +308,7 @@ def load_records(
         for task in grid.tasks:
             seed = split_seed(task, "test") + grid.data_seed
             if testbed:
-                from dllm_decode.train.testbed import waiting_line_records
+                from dllm_decode.eval.parallelbench.testbed import waiting_line_records
 
                 loaded[task] = waiting_line_records(task, grid.num_samples, seed)
                 continue
@@ -331,7 +331,7 @@ def _tokenizer_source(model: str, explicit: str | None) -> str:
 def _testbed_codec(model: str) -> Any:
     """The word-level codec of a test-bed checkpoint (``None`` for any other model)."""
     from dllm_decode.models.loading import resolve_path
-    from dllm_decode.train.testbed import codec_for
+    from dllm_decode.models.oracle import codec_for
 
     try:
         return codec_for(resolve_path(model))
