@@ -110,8 +110,8 @@ def cell_rows(env: Any, model_name: str, model: Any, cache: str, family: str,
     base = dict(suite="overhead", name=name, provider="dllm_decode", policy=family, cache=cache,
                 B=1, P=prompt.shape[1], G=g, K=block, V=vocab, device=env.device,
                 torch=env.torch, triton=env.triton, commit=env.commit, timestamp=env.timestamp)
-    if program is not None:
-        base["step"] = program
+    if program is not None:  # the fixed row schema has no column for it: the provider names it
+        base["provider"] = f"dllm_decode:{program}_step"
     rows = []
     for metric, unit, v in (("model_per_step", "ms", o.model_ms),
                             ("loop_per_step", "ms", o.loop_ms),
