@@ -11,6 +11,7 @@ from dllm_decode.policies.base import (
     Stopper,
     Truncator,
     UnmaskPolicy,
+    budget_mask,
     check_commit,
     rank_desc,
     top1_mask,
@@ -36,7 +37,7 @@ from dllm_decode.policies.sched import SchED
 __all__ = [
     "PRESETS", "STOPPERS", "TRUNCATORS", "Capabilities", "EntropyBounded", "EntropyThreshold",
     "EoTP", "Factor", "Origin", "Policy", "RandomOrder", "SchED", "Stopper", "Threshold", "TopK",
-    "Truncator", "UnmaskPolicy", "capabilities_of", "check_commit", "compose", "make_policy",
-    "rank_desc", "register", "register_stopper", "register_truncator", "resolve_policy",
-    "top1_mask", "topk_mask",
+    "Truncator", "UnmaskPolicy", "budget_mask", "capabilities_of", "check_commit", "compose",
+    "make_policy", "rank_desc", "register", "register_stopper", "register_truncator",
+    "resolve_policy", "top1_mask", "topk_mask",
 ]

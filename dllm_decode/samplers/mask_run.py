@@ -163,7 +163,7 @@ class MaskRun:
         self.edit_log: list[Tensor] = []  # [B, G] per step, stacked at the end
         self.fuse = None if self.tracker is not None else span_selector(
             selector, stopper, truncator, caps, on_step=on_step, debug=self.debug,
-            compile=self.compile)
+            compile=self.compile, reference_order=cfg.rng == "reference")
 
     def _records(self, caps: Any) -> None:
         """The policy memory and the per-generation records the steps write in place."""
@@ -384,7 +384,8 @@ class MaskRun:
                 memory=self.memory, extras={"n_masked": self.n_masked, "lengths": self.lengths,
                                             "refresh": fed.refresh,
                                             "total_steps": self.total_steps},
-                model=self.step_model, refreshed=step_refreshed)
+                model=self.step_model, refreshed=step_refreshed,
+                reference_order=cfg.rng == "reference")
             ctl = dict(n_masked=self.n_masked, in_rows=in_rows, expected=expected,
                        last=i == n_commit - 1, stall_limit=stall_limit,
                        force_end=spans.get(bs, be) if i == n_commit - 1 and self.lo == p
