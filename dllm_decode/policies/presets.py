@@ -14,9 +14,12 @@ from typing import Any, Final
 from dllm_decode.policies import resolve
 from dllm_decode.policies.adaptive import EntropyBounded, EntropyThreshold, Factor, Threshold
 from dllm_decode.policies.confidence import Origin, RandomOrder, TopK
+from dllm_decode.policies.credit import credit_policy
+from dllm_decode.policies.dilated import dus_policy
 from dllm_decode.policies.editing import edit_policy, llada2_policy, llada21_policy
 from dllm_decode.policies.ete import ExploreThenExploit
 from dllm_decode.policies.fastdllm2 import fastdllm_v2_policy
+from dllm_decode.policies.frechet import Frechet
 from dllm_decode.policies.history import CCD, KLASS
 from dllm_decode.policies.learn2pd import EoTP, eotp_policy, learn2pd_policy
 from dllm_decode.policies.renoise import gemma_renoise
@@ -68,6 +71,10 @@ BUILT_IN: Final[dict[str, Any]] = {
     "llada21": llada21_policy,
     "edit": edit_policy,
     "gemma_renoise": gemma_renoise,
+    # the 2026 methods: Fast-dLLM++ Frechet profile, DUS dilated schedule, credit fusion
+    "frechet": Frechet,
+    "credit": credit_policy,
+    "dus": dus_policy,
 }
 BUILT_IN_STOPPERS: Final[dict[str, Any]] = {"sched": lambda **kw: SchED(**kw),
                                             "prophet": _prophet_stopper}
