@@ -160,8 +160,9 @@ def _build(factory: Callable[..., Any], params: Mapping[str, Any], where: str) -
     accepted = accepted_by(factory, params) if params else None
     unknown = sorted(set(params) - set(accepted)) if accepted is not None else []
     if unknown:
-        raise ValueError(f"bad parameters for {where}: unknown {unknown}; its parameters: "
-                         f"{accepted}{did_you_mean(unknown, accepted)}")
+        what = (f"unknown parameter(s) {unknown} for {where}" if where.startswith("policy ")
+                else f"bad parameters for {where}: unknown {unknown}")
+        raise ValueError(f"{what}; its parameters: {accepted}{did_you_mean(unknown, accepted)}")
     if params:
         check_types(factory, params, where)
     try:
