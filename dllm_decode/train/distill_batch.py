@@ -18,6 +18,21 @@ from dllm_decode.train.testbed import TESTBED_GEN_LENGTH, draw_training_examples
 from dllm_decode.train.testbed_students import LLADA2_BLOCK
 
 
+def left_padded(prompts: list[list[int]], region: Tensor, width: int, pad_id: int
+                ) -> tuple[Tensor, Tensor]:
+    """``(tokens [B, width + G], valid [B, width + G])``: each prompt right-aligned at
+    ``width`` behind ``pad_id`` left padding (``valid`` False there), then the answer region
+    ``region [B, G]``."""
+    b, g = region.shape
+    tokens = torch.full((b, width + g), pad_id, dtype=torch.long)
+    valid = torch.zeros(b, width + g, dtype=torch.bool)
+    for i, p in enumerate(prompts):
+        tokens[i, width - len(p):width] = torch.tensor(p)
+        valid[i, width - len(p):] = True
+    tokens[:, width:] = region
+    return tokens, valid
+
+
 def answer_masks(answers: Tensor, first_name: int, cfg: DistillConfig,
                  gen: torch.Generator) -> Tensor:
     """Masked positions ``[B, G]`` (bool, at least one per row) of the three modes."""
@@ -68,12 +83,7 @@ def make_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
     if cfg.family == "sdar":  # answers start on a block boundary, as the sampler aligns them
         width += (-width) % cfg.block_size
     b = len(prompts)
-    tokens = torch.full((b, width + g), oracle.pad_token_id, dtype=torch.long)
-    valid = torch.zeros(b, width + g, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        tokens[i, width - len(p):width] = torch.tensor(p)
-        valid[i, width - len(p):] = True
-    tokens[:, width:] = region
+    tokens, valid = left_padded(prompts, region, width, oracle.pad_token_id)
     if cfg.eos_cut_frac:  # canvases cut after the answer's first EOS, as EoTP leaves them
         pos = torch.arange(g)
         first = torch.where(answers == oracle.eos_token_ids[0], pos, g).min(1).values
@@ -97,15 +107,12 @@ def scramble_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
     names = torch.randint(first, oracle.vocab_size, (b, g), generator=gen)
     keep = torch.arange(g)[None] < lengths[:, None]
     answers = torch.where(keep, names, oracle.eos_token_ids[0])
-    width = g
-    tokens = torch.full((b, width + g), oracle.pad_token_id, dtype=torch.long)
-    valid = torch.zeros(b, width + g, dtype=torch.bool)
     copy_id, answer_id = oracle.token_id["<copy>"], oracle.token_id["<answer>"]
-    for i, n in enumerate(lengths.tolist()):
-        tokens[i, width - n - 2:width] = torch.tensor([copy_id, *answers[i, :n].tolist(),
-                                                       answer_id])
-        valid[i, width - n - 2:] = True
+    prompts = [[copy_id, *answers[i, :n].tolist(), answer_id]
+               for i, n in enumerate(lengths.tolist())]
     masked = answer_masks(answers, first, cfg, gen)
-    tokens[:, width:] = torch.where(masked, oracle.mask_token_id, answers)
+    width = g
+    tokens, valid = left_padded(prompts, torch.where(masked, oracle.mask_token_id, answers),
+                                width, oracle.pad_token_id)
     targets = F.one_hot(answers, oracle.vocab_size).float()
     return tokens, valid, masked, targets, width

@@ -43,7 +43,7 @@ from torch.nn import functional as F
 from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.models.uniform_oracle import ALPHAS, noisy_posterior
-from dllm_decode.train.distill_batch import scramble_batch
+from dllm_decode.train.distill_batch import left_padded, scramble_batch
 from dllm_decode.train.testbed import TESTBED_GEN_LENGTH, draw_training_examples
 
 #: the corruption level's lower bound (``dllm.eps`` of the reference recipe)
@@ -140,12 +140,7 @@ def uniform_batch(cfg: Any, oracle: WaitingLineOracle, step: int
     targets = torch.cat([noisy_posterior(table, row[None], keep, v)
                          for table, row in zip(tables, canvas, strict=True)]).float()
     width = max(len(p) for p in prompts) + rng.randint(0, cfg.max_pad)
-    clean = torch.full((b, width + g), oracle.pad_token_id, dtype=torch.long)
-    valid = torch.zeros(b, width + g, dtype=torch.bool)
-    for i, p in enumerate(prompts):
-        clean[i, width - len(p):width] = torch.tensor(p)
-        valid[i, width - len(p):] = True
-    clean[:, width:] = answers
+    clean, valid = left_padded(prompts, answers, width, oracle.pad_token_id)
     return clean, valid, canvas, targets, sc_rows, width
 
 
