@@ -48,6 +48,8 @@ from dllm_decode.train.testbed import TESTBED_GEN_LENGTH, draw_training_examples
 
 #: the corruption level's lower bound (``dllm.eps`` of the reference recipe)
 EPS = 1e-3
+#: added to the step seed so the noise draws are independent of the scrambled-copy batch's
+NOISE_SALT = 0x7E57
 
 
 def _softcap(model: DiffusionGemmaModel, h: Tensor) -> Tensor:
@@ -119,7 +121,7 @@ def uniform_batch(cfg: Any, oracle: WaitingLineOracle, step: int
     ``train/README.md``), the same corruption on top."""
     g, v = TESTBED_GEN_LENGTH, oracle.vocab_size
     rng = random.Random(f"{cfg.seed}:{step}:answer")
-    gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
+    gen = torch.Generator().manual_seed((cfg.seed << 32) + step + NOISE_SALT)
     if step < cfg.scramble_steps:  # copies of random name lists: the only way down is to copy
         tokens, valid, _, onehot, width = scramble_batch(cfg, oracle, step)
         prompts = [row[:width][ok[:width]].tolist() for row, ok in zip(tokens, valid,
