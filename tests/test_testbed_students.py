@@ -174,6 +174,7 @@ def test_students_train_resume_exactly_and_export_release_formats(
         family: str, tmp_path: Path) -> None:
     from dllm_decode import DiffusionSampler, load_model
     from dllm_decode.train.distill import distill
+    from dllm_decode.train.state import STATE_FILE, load_state
 
     extra = {"mtf_frac": 0.25, "tie_embeddings": True} if family == "llada2" else {}
     common = dict(family=family, **SMALL, **extra)
@@ -183,6 +184,16 @@ def test_students_train_resume_exactly_and_export_release_formats(
     a = (tmp_path / "a/loss.csv").read_text().splitlines()
     b = (tmp_path / "b/loss.csv").read_text().splitlines()
     assert [r.split(",")[:3] for r in a] == [r.split(",")[:3] for r in b]
+    # the resumed run ends in the same state, exactly: weights (the expert bias included),
+    # optimizer moments and step
+    sa, sb = load_state(tmp_path / "a" / STATE_FILE), load_state(tmp_path / "b" / STATE_FILE)
+    assert sa["step"] == sb["step"] == 4 and sa["model"].keys() == sb["model"].keys()
+    assert all(torch.equal(sa["model"][k], sb["model"][k]) for k in sa["model"])
+    if family == "llada2":
+        assert any(k.endswith("expert_bias") for k in sa["model"])
+    oa, ob = sa["opt"]["state"], sb["opt"]["state"]
+    assert oa.keys() == ob.keys()
+    assert all(torch.equal(oa[i][n], ob[i][n]) for i in oa for n in oa[i])
     model = load_model(tmp_path / "a/model")
     assert model.family == {"llada2": "llada2_moe", "gemma": "diffusion_gemma"}[family]
     oracle = waiting_line_oracle()
