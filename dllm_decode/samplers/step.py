@@ -136,8 +136,15 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
         prob = torch.where(commit, sel.prob.to(prob.dtype), prob)
     if parts.after_select:
         tokens = maker.resample_committed(logits, rows, commit, tokens)
-    if parts.stopper is not None:
-        stop = parts.stopper.should_stop(state)
+    stop = None if parts.stopper is None else parts.stopper.should_stop(state)
+    if edit is not None and guard.remasks and (ctl["last"] or stop is not None):
+        # re-masks (``Capabilities.remasks``) never on a block's last step nor in a row that
+        # stops: those commit everything left, and the block must end
+        kept = edit & (tokens != ctl["mask_id"])
+        if not ctl["last"]:
+            kept = torch.where(stop[:, None], kept, edit)
+        edit, write = kept, commit | kept
+    if stop is not None:
         greedy = stop[:, None] & masked & fresh
         if full_prop.argmax is not None:  # sampled proposals: stops take the argmax
             tokens = torch.where(greedy & ~commit, full_prop.argmax, tokens)
