@@ -40,6 +40,7 @@ class CacheMode(str, Enum):
     BLOCK_CAUSAL = "block_causal"
     WINDOW = "window"
     SUB_BLOCK = "sub_block"
+    DLLM_CACHE = "dllm_cache"
 
 
 class Impl(str, Enum):
@@ -278,8 +279,14 @@ class Generation:
     step_forwards: model calls per step (1, plus extra forwards such as S2D2's verifier, or
         2 for a ``sub_block`` step whose rows disagree; a separate prefill is no step).
     edits: ``[B, steps, G]`` bool, the generated positions each step rewrote after their
-        commit (token editing, ``Capabilities(edits=True)``); ``None`` for policies that do not
-        edit. ``commit_step`` keeps each position's first commit.
+        commit (token editing, ``Capabilities(edits=True)``; a re-mask, ``remasks=True``, is
+        an edit too); ``None`` for policies that do not edit. ``commit_step`` keeps each
+        position's first commit (a re-masked position: its last).
+    step_positions: token positions per row each step ran through the model's layers: the
+        fed width of its forward(s), extra forwards included (without a cache an extra
+        forward recomputes the canvas beside its own tokens); a plan that recomputes only
+        some positions at some layers (``cache="dllm_cache"``) counts their mean over the
+        layers. ``positions`` is their sum plus a ``separate_prefill`` forward's.
     """
 
     tokens: Tensor
@@ -294,6 +301,8 @@ class Generation:
     refreshed: Tensor | None = None
     step_forwards: list[int] | None = None
     edits: Tensor | None = None
+    step_positions: list[float] | None = None
+    positions: float | None = None
 
     def edits_per_step(self) -> Tensor:
         """``[B, steps]`` int64: generated positions rewritten at each step (zeros when the

@@ -32,7 +32,7 @@ from typing import Any, Final
 from dllm_decode.types import OPTIONAL_FIELDS, PROPOSAL_FIELDS, ScoreKind
 
 _CACHES: Final[tuple[str, ...]] = ("none", "prefix", "dual", "block_causal", "window",
-                                   "sub_block")
+                                   "sub_block", "dllm_cache")
 _SCHEDULES: Final[tuple[str, ...]] = ("llada", "dream")
 _ATTENTIONS: Final[tuple[str, ...]] = ("bidirectional", "block_causal")
 #: how a model marks unknown positions (``model.noise_kind``; models without one: ``mask``)

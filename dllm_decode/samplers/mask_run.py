@@ -153,6 +153,7 @@ class MaskRun:
         self.spans = SpanMasks(b, length, device)
         self.refreshed: list[Tensor] = []  # [B] per step, stacked at the end (no sync)
         self.step_forwards: list[int] = []  # host counters: model calls per step
+        self.step_positions: list[float] = []  # token positions per row run per step
         self.step = self.forwards = 0
         self.total_steps = sum(self.block_steps) if self.block_steps else g
         self.canvas = canvas
@@ -163,11 +164,13 @@ class MaskRun:
             self.canvas, self.commit_at, self.commit_prob = graphed.canvas, \
                 graphed.commit_at, graphed.commit_prob
             self.lengths = graphed.lengths
+        self.prefill_positions = 0.0
         if cfg.separate_prefill:  # the prompt's complete blocks in a forward of their own
             now = self.canvas
             n_pre = plan.prefill(torch.cat([now, now.masked_fill(self.prompt_index, mask_id)])
                                  if cfg_on else now, *self.layout[0])
             self.forwards += n_pre
+            self.prefill_positions = float(n_pre * self.layout[0][2])
             self.took_part += [torch.ones(b, dtype=torch.bool, device=device)] * n_pre
         self.no_edit = torch.zeros(b, g, dtype=torch.bool, device=device)
         self.no_budget = torch.zeros(b, dtype=torch.long, device=device)
@@ -296,6 +299,7 @@ class MaskRun:
             stall_limit=min(n_commit, self.be - self.bs))
         self.forwards += 1
         self.step_forwards.append(1)
+        self.step_positions.append(float(self.graphed.positions))
         self.refreshed.append(self.spans.flag(full))
         self.took_part.append(active)
 
@@ -341,6 +345,7 @@ class MaskRun:
                 expected, self.canvas, self.commit_at, self.commit_prob, step, self.n_masked,
                 in_rows, stall_limit):
             self.step_forwards.append(fed.calls)  # (samplers.fused) records in place
+            self.step_positions.append(float(fed.positions))
         else:
             info = dict(
                 step=step, block=self.blk, block_start=bs, block_end=be, gen_start=p,
@@ -371,6 +376,7 @@ class MaskRun:
                 check_commit(self.state, out.selected,
                              allow_empty=self.sel_caps.may_commit_nothing)
             self.step_forwards.append(fed.calls + self.step_model.calls)
+            self.step_positions.append(float(fed.positions) + self.step_model.processed)
             if self.truncator is not None:
                 new_len = self.truncator.truncate(self.state, self.commit).clamp(max=self.g)
                 self.lengths = torch.minimum(self.lengths, new_len)

@@ -212,6 +212,7 @@ class StepModelView:
         self.eos_token_ids = tuple(model.eos_token_ids or ())
         self.block_size = getattr(model, "block_size", None)
         self.calls = 0
+        self.processed = 0  # token positions per row the step's extra forwards ran
         self._plan, self._maker, self._batch = plan, maker, batch
         self._took_part, self._enabled = took_part, enabled
         self._canvas: Tensor | None = None
@@ -221,6 +222,7 @@ class StepModelView:
         """Start a step: its model canvas ``[B', L]`` and the rows ``[B]`` an extra forward
         counts by default; resets ``calls``."""
         self._canvas, self._active, self.calls = canvas, default_active, 0
+        self.processed = 0
         return self
 
     @property
@@ -240,6 +242,7 @@ class StepModelView:
                              "cfg_scale > 0")
         logits = self._plan.extra_forward(self._canvas, tokens, positions, mask)
         self.calls += 1
+        self.processed += self._plan.extra_width(tokens.shape[1])
         self._took_part.append(self._active if active is None else active.bool())
         return logits
 
