@@ -140,6 +140,16 @@ def test_batch_rows_decode_as_alone() -> None:
     assert both.step_positions == alone.step_positions
 
 
+def test_sampled_run_repeats_with_its_seed() -> None:
+    model = tiny_model("llada", seed=7)
+    prompt = torch.randint(0, 60, (2, 5), generator=torch.Generator().manual_seed(8))
+    sampler = DiffusionSampler(model, "threshold", cache="dllm_cache", refresh_every=3)
+    runs = [sampler.generate(prompt, gen_length=16, block_length=8, temperature=0.7, seed=5)
+            for _ in range(2)]
+    assert torch.equal(runs[0].tokens, runs[1].tokens)
+    assert runs[0].step_positions == runs[1].step_positions
+
+
 def test_positions_recomputed_per_step() -> None:
     """Forward s (0-based): both refreshed when ``s % K_p == s % K_r == 0`` (every position,
     every layer); the first layer always refreshes, so a step that refreshes nothing recomputes

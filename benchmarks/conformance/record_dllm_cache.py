@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import tempfile
 import types
@@ -42,7 +41,7 @@ from typing import Any
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference_llada import export, load_llada  # noqa: E402
+from reference_tools import export, load_llada, write_fixture  # noqa: E402
 
 REPO = "maomaocun/dLLM-cache"
 COMMIT = "17235bffc8c5b587a2dc6f7dc76fcd01eab76e3a"
@@ -212,14 +211,9 @@ def main() -> None:
                    "--repo <dLLM-cache snapshot> --wino-repo <WINO-DLLM snapshot> "
                    "--checkpoint ../shared/conformance/llada-tiny "
                    "--out tests/fixtures/dllm_cache_llada_tiny.json",
-        "environment": f"torch {torch.__version__} (CPU), transformers "
-                       f"{__import__('transformers').__version__}, python "
-                       f"{sys.version.split()[0]}",
         "nfe": "steps (the reference runs exactly one forward per step)",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n")
-    print(f"{len(cases)} cases -> {args.out}")
+    write_fixture(args.out, meta, cases)
 
 
 if __name__ == "__main__":

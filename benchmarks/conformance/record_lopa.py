@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import sys
 import tempfile
 import types
@@ -32,7 +31,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from reference_llada import export  # noqa: E402
+from reference_tools import export, write_fixture  # noqa: E402
 
 from tests.block_table_lm import BlockTable  # noqa: E402
 
@@ -203,16 +202,11 @@ def main() -> None:
                  "a Dream-style forward with a token-id DynamicCache",
         "command": "OMP_NUM_THREADS=1 python benchmarks/conformance/record_lopa.py --repo "
                    "<LoPA snapshot> --out tests/fixtures/lopa_block_table.json",
-        "environment": f"torch {torch.__version__} (CPU), transformers "
-                       f"{__import__('transformers').__version__}, python "
-                       f"{sys.version.split()[0]}",
         "steps": "steps_reported is the decoder's own count (its last round only finds every "
                  "branch finished: forward_rounds + 1); branch_forwards counts one model call "
                  "per branch per round",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n")
-    print(f"{len(cases)} cases -> {args.out}")
+    write_fixture(args.out, meta, cases)
 
 
 if __name__ == "__main__":

@@ -18,7 +18,6 @@ is added to every logit (three draws) and when the reference is rerun.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import tempfile
 from pathlib import Path
@@ -26,7 +25,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from reference_llada import export, load_llada  # noqa: E402
+from reference_tools import export, load_llada, write_fixture  # noqa: E402
 
 REPO = "Feng-Hong/WINO-DLLM"
 COMMIT = "9549a1d0c3cbd9dc9b8f7cd09be8a7aac322d6fb"
@@ -141,15 +140,10 @@ def main() -> None:
         "command": "OMP_NUM_THREADS=1 python benchmarks/conformance/record_wino.py --repo "
                    "<WINO-DLLM snapshot> --checkpoint ../shared/conformance/llada-tiny --out "
                    "tests/fixtures/wino_llada_tiny.json",
-        "environment": f"torch {torch.__version__} (CPU), transformers "
-                       f"{__import__('transformers').__version__}, python "
-                       f"{sys.version.split()[0]}",
         "nfe": "the reference's step count (one forward of prompt + answer + shadow block "
                "per step)",
     }
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n")
-    print(f"{len(cases)} cases -> {args.out}")
+    write_fixture(args.out, meta, cases)
 
 
 if __name__ == "__main__":

@@ -1,5 +1,6 @@
-"""Load a LLaDA-format checkpoint with an author's ``modeling_llada.py`` (shared by the
-recorders in this folder; run in a separate environment, never imported by the library).
+"""Helpers of the conformance recorders in this folder (run in a separate environment, never
+imported by the library): export an author's files at a commit, load a LLaDA-format checkpoint
+with an author's ``modeling_llada.py``, write a fixture with its metadata.
 
 The authors' code is read from a local snapshot of their repository (``git show`` at the pinned
 commit into a scratch folder): nothing fetched is kept in this repository.
@@ -48,3 +49,16 @@ def load_llada(checkpoint: Path, code: Path, scratch: Path) -> Any:
     if missing or unexpected:
         raise RuntimeError(f"checkpoint mismatch: missing {missing}, unexpected {unexpected}")
     return model.float().eval().to(torch.device("cpu"))
+
+
+def write_fixture(out: Path, meta: dict[str, Any], cases: list[dict[str, Any]]) -> None:
+    """``{"meta": meta + the environment, "cases": cases}`` as JSON at ``out``."""
+    import torch
+    import transformers
+
+    meta = {**meta, "environment": f"torch {torch.__version__} (CPU), transformers "
+                                   f"{transformers.__version__}, python "
+                                   f"{sys.version.split()[0]}"}
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"meta": meta, "cases": cases}, indent=1) + "\n")
+    print(f"{len(cases)} cases -> {out}")
