@@ -12,8 +12,10 @@ Deviations from the papers / released code:
 
 * all rules: the mask token is never a candidate (its logit is -inf before anything is
   scored; the references keep it in the softmax); rows of a batch are independent (Fast-dLLM's
-  factor rule and dual cache crash for batch > 1, dParallel / EB code is batch 1); ties go
-  to the lower index (``torch.topk`` order in the references); no host sync.
+  factor rule and dual cache crash for batch > 1, dParallel / EB code is batch 1); exact ties
+  go to the lower index (the references' ``torch.topk`` order on a CPU is not the index order;
+  ``rng="reference"`` reproduces it for the budgeted top-k selectors only,
+  ``policies.confidence``); no host sync.
 * Fast-dLLM ``threshold`` / ``factor``: ``prob`` confidences are the float32 probabilities of
   the proposal (the reference softmax is float64; every conformance case matches); ``factor``
   follows the paper's rule by default, ``last_rank_quirk=True`` reproduces the released
@@ -60,10 +62,15 @@ class Threshold:
     Gumbel noise, so ``rng="reference"`` reproduces the reference's draws.
     ``tau`` must lie in (0, 1] for probability scores (``prob``, ``margin``, ``random``), be
     >= 0 for ``logit_margin`` and <= 0 for ``neg_entropy``.
+    ``tie_window`` (parity option, default 0): also commit every eligible position within
+    this much of the row's best score, i.e. ``score >= min(tau, best - tie_window)``, as
+    dInfer's threshold decoder does with 1e-5 (``get_transfer_index_threshold``; its
+    CreditDecoding runs on it).
     """
 
     tau: float = 0.9
     score: ScoreKind = ScoreKind.PROB
+    tie_window: float = 0.0
 
     @property
     def capabilities(self) -> Capabilities:
@@ -80,10 +87,22 @@ class Threshold:
                            ScoreKind.NEG_ENTROPY: (None, 0.0, False)}[self.score]
         check_range(f"Threshold(score={self.score.value!r})", "tau", self.tau, lo, hi,
                     lo_open=lo_open)
+        check_range("Threshold", "tie_window", self.tie_window, 0.0)
 
     def select(self, state: StepState) -> Tensor:
         score = step_score(state, self.score)  # ``random``: float32 uniforms, one draw per step
-        return threshold_mask(score, state.eligible, self.tau)
+        commit = threshold_mask(score, state.eligible, self.tau)
+        if self.tie_window > 0:
+            best = torch.where(state.eligible, score, lowest(score.dtype)).amax(-1, keepdim=True)
+            commit = commit | (state.eligible & (score >= best - self.tie_window))
+        return commit
+
+
+def ranked_adaptive(score: ScoreKind) -> Capabilities:
+    """The capabilities of an adaptive rule over the ranking by ``score`` (``factor``,
+    ``frechet``): open-ended steps, the proposal field of ``score`` only, masked positions."""
+    return Capabilities(budgeted=False, proposal_fields=score_fields(score),
+                        reads_masked_only=True)
 
 
 def threshold_mask(score: Tensor, eligible: Tensor, tau: float) -> Tensor:
@@ -113,8 +132,7 @@ class Factor:
     @property
     def capabilities(self) -> Capabilities:
         """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
-        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
-                            reads_masked_only=True)
+        return ranked_adaptive(self.score)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
