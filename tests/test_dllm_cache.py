@@ -2,7 +2,7 @@
 conformance to the authors' hooks token for token, its reduction to the uncached forward, every
 mask preset under it, batch invariance and the positions it recomputes.
 
-The recorded cases (``tests/fixtures/dllm_cache_llada_tiny.json``, recorded by
+The recorded cases (``tests/fixtures/methods2026/dllm_cache.json``, recorded by
 ``benchmarks/conformance/record_dllm_cache.py``) run on ``../shared/conformance/llada-tiny`` and
 skip when ``../shared`` is absent.
 """
@@ -27,7 +27,7 @@ from tests.test_wino import Noisy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FIXTURE = Path(__file__).parent / "fixtures" / "dllm_cache_llada_tiny.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "methods2026" / "dllm_cache.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
 _MODEL: dict[str, Any] = {}
 

@@ -21,7 +21,7 @@ from tests.helpers import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FIXTURE = Path(__file__).parent / "fixtures" / "lopa_block_table.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "methods2026" / "lopa.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
 #: the reference's ``sampling_strategy`` -> ``Lopa.score``
 SCORE = {"neg_entropy": "neg_entropy", "default": "prob", "margin": "margin"}

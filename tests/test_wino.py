@@ -2,7 +2,7 @@
 the step count and each step's commits and re-masks; its reductions, batch invariance,
 termination and block-diffusion use.
 
-The recorded cases (``tests/fixtures/wino_llada_tiny.json``, recorded by
+The recorded cases (``tests/fixtures/methods2026/wino.json``, recorded by
 ``benchmarks/conformance/record_wino.py``) run on ``../shared/conformance/llada-tiny`` and skip
 when ``../shared`` is absent.
 """
@@ -25,7 +25,7 @@ from tests.mock_models import Call, ScriptedLM, from_probs
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-FIXTURE = Path(__file__).parent / "fixtures" / "wino_llada_tiny.json"
+FIXTURE = Path(__file__).parent / "fixtures" / "methods2026" / "wino.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
 _MODEL: dict[str, Any] = {}
 

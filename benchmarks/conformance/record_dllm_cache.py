@@ -18,7 +18,7 @@ Run in a separate environment (torch 2.13 CPU, transformers 4.49.0)::
     OMP_NUM_THREADS=1 python benchmarks/conformance/record_dllm_cache.py \
         --repo /path/to/dLLM-cache --wino-repo /path/to/WINO-DLLM \
         --checkpoint ../shared/conformance/llada-tiny \
-        --out tests/fixtures/dllm_cache_llada_tiny.json
+        --out tests/fixtures/methods2026/dllm_cache.json
 
 A case is kept only if it is unchanged under N(0, 1e-6) logit noise (three draws) and a rerun,
 and if every partial refresh's choice is clear: the ``k``-th and ``k+1``-th lowest cosine
@@ -210,7 +210,7 @@ def main() -> None:
         "command": "OMP_NUM_THREADS=1 python benchmarks/conformance/record_dllm_cache.py "
                    "--repo <dLLM-cache snapshot> --wino-repo <WINO-DLLM snapshot> "
                    "--checkpoint ../shared/conformance/llada-tiny "
-                   "--out tests/fixtures/dllm_cache_llada_tiny.json",
+                   "--out tests/fixtures/methods2026/dllm_cache.json",
         "nfe": "steps (the reference runs exactly one forward per step)",
     }
     write_fixture(args.out, meta, cases)

@@ -13,7 +13,7 @@ lm-eval / accelerate / PEFT are stubbed; nothing in the decoding path is. Run in
 environment (torch 2.13 CPU, transformers 4.49.0)::
 
     OMP_NUM_THREADS=1 python benchmarks/conformance/record_lopa.py --repo /path/to/LoPA \
-        --out tests/fixtures/lopa_block_table.json
+        --out tests/fixtures/methods2026/lopa.json
 
 A case is kept if it is unchanged under N(0, 1e-6) logit noise (three draws) and a rerun.
 """
@@ -201,7 +201,7 @@ def main() -> None:
         "model": "tests/block_table_lm.py BlockTable (token-id logits, block-causal) behind "
                  "a Dream-style forward with a token-id DynamicCache",
         "command": "OMP_NUM_THREADS=1 python benchmarks/conformance/record_lopa.py --repo "
-                   "<LoPA snapshot> --out tests/fixtures/lopa_block_table.json",
+                   "<LoPA snapshot> --out tests/fixtures/methods2026/lopa.json",
         "steps": "steps_reported is the decoder's own count (its last round only finds every "
                  "branch finished: forward_rounds + 1); branch_forwards counts one model call "
                  "per branch per round",

@@ -7,7 +7,7 @@ transformers 4.49.0) with a local snapshot of the repository::
 
     OMP_NUM_THREADS=1 python benchmarks/conformance/record_wino.py \
         --repo /path/to/WINO-DLLM --checkpoint ../shared/conformance/llada-tiny \
-        --out tests/fixtures/wino_llada_tiny.json
+        --out tests/fixtures/methods2026/wino.json
 
 Each case keeps the reference's output ids, its step count (``nfe``: one forward per step in
 the reference), and per step the positions it committed and re-masked (read off the canvas
@@ -139,7 +139,7 @@ def main() -> None:
         "checkpoint": "../shared/conformance/llada-tiny (mask 500, vocabulary 512)",
         "command": "OMP_NUM_THREADS=1 python benchmarks/conformance/record_wino.py --repo "
                    "<WINO-DLLM snapshot> --checkpoint ../shared/conformance/llada-tiny --out "
-                   "tests/fixtures/wino_llada_tiny.json",
+                   "tests/fixtures/methods2026/wino.json",
         "nfe": "the reference's step count (one forward of prompt + answer + shadow block "
                "per step)",
     }
