@@ -22,6 +22,12 @@ reference ``DreamLoRA._generate_enhanced_speculative`` (with ``evaluate_branch_c
 4. from the same logits spawn the next step's lookaheads at the ``branches`` most confident
    masked positions left (ties to the lower position).
 
+A lookahead whose spawned token is the block's last masked position decodes on into the next
+block in the same step (its window is then the next block: the reference's branch appends its
+next block as soon as its last one is complete), so the loop declares the next block as
+``Capabilities.lookahead``. ``branches`` counts lookaheads; the scale script spawns
+``branching_factor`` of them and none at ``branching_factor = 1`` (its ``> 1`` guard).
+
 ``confidence`` is ``score``: ``neg_entropy`` (the authors' setting, ``sum p log(p + 1e-10)``),
 ``prob`` (their ``default``) or ``margin`` (top-1 minus top-2 probability). ``branches=0`` is
 exactly the base rule (no extra forward).
@@ -32,7 +38,9 @@ added once the last one is ``tau_add`` decoded, several blocks decode at once, a
 for it). Here blocks are the loop's, one at a time, always complete: the reference with
 ``tau_add = 1`` (the recorded cases). Deviations: the branch forwards run as one extra forward
 per step (the reference runs one forward per branch; the paper batches or distributes them)
-and count one forward and their positions (``Generation.step_positions``); the reference's
+and count one forward and their positions (``Generation.step_positions``); that forward runs
+at every step after the first, since whether a row has a lookahead for it is known only on the
+device (a row without one does not count it in its NFE); the reference's
 prefix K/V are cached when a block completes, here they are whatever the cache plan holds;
 the output is the decoded canvas (the reference's EOS stops adding blocks; use
 ``stop_at_eos``); greedy only (the authors decode at temperature 0); ties of the fallback's
