@@ -3,12 +3,14 @@
 The protocol of ``bench_testbed.py`` (``--n`` held-out prompts per task of the nine test-bed
 Waiting Line tasks, gen length 16, one block, greedy; mean accuracy with a 95 % bootstrap
 interval, paired interval of the difference to one token per step, AUP per method family),
-with three more columns per config: ``steps`` (decoding rounds per prompt: the papers'
-denominator of tokens per forward), ``positions`` (token positions per prompt the model ran:
-extra forwards included, dLLM-Cache's recomputed positions averaged over layers; the batch's
-left padding included) and ``positions_vs_k1`` (that over the one-token-per-step baseline's).
-``tpf`` is 16 / NFE, NFE counting every forward a prompt took part in (WINO's shadow forward,
-LoPA's branch forward); ``tpf_steps`` is 16 / steps.
+with more columns per config: ``rounds`` (decoding rounds per prompt, ``Generation.steps``:
+the papers' denominator of tokens per forward), ``tokens_per_round`` (16 / rounds),
+``positions`` (token positions per prompt the model ran: extra forwards included, dLLM-Cache's
+recomputed positions averaged over layers; the batch's left padding included) and
+``positions_vs_k1`` (that over the one-token-per-step baseline's). ``tokens_per_step`` is
+16 / NFE as in ``bench_testbed.py``, NFE counting every forward a prompt took part in (WINO's
+shadow forward, LoPA's branch forward). ``--render-only`` rebuilds the table and the plot from
+an existing CSV.
 
 Models: ``testbed-llada`` and ``testbed-dream`` (WINO needs position-aligned logits: LLaDA
 only; its drafting rule ``wide_in`` runs on both); the calibrated oracle only for the pure
@@ -106,8 +108,9 @@ def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
                         "params": json.dumps(kwargs), "n_per_task": n, "seed": seed,
                         "acc": round(s["acc"], 2), "ci_lo": round(s["ci_lo"], 2),
                         "ci_hi": round(s["ci_hi"], 2), "nfe": round(s["nfe"], 3),
-                        "tpf": round(s["tpf"], 3), "steps": round(steps, 3),
-                        "tpf_steps": round(G / steps, 3), "positions": round(positions, 1),
+                        "tokens_per_step": round(s["tokens_per_step"], 3),
+                        "rounds": round(steps, 3), "tokens_per_round": round(G / steps, 3),
+                        "positions": round(positions, 1),
                         "positions_vs_k1": round(positions / base_positions, 3),
                         "diff_lo": round(s.get("diff_lo", 0.0), 2),
                         "diff_hi": round(s.get("diff_hi", 0.0), 2),
@@ -119,7 +122,7 @@ def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
                         "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")})
             r = out[-1]
             print(f"{head} acc {r['acc']:6.2f} [{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] NFE "
-                  f"{r['nfe']:5.2f} steps {r['steps']:5.2f} positions x{r['positions_vs_k1']:.2f}"
+                  f"{r['nfe']:5.2f} rounds {r['rounds']:5.2f} positions x{r['positions_vs_k1']:.2f}"
                   f"{' *' if r['significant'] else ''}", flush=True)
     return out
 
@@ -129,8 +132,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines = []
     for model in dict.fromkeys(r["model"] for r in rows):
         lines += [f"### {model}", "",
-                  "| method | config | accuracy % [95 % CI] | NFE | TPF | steps | TPF per step "
-                  "| positions vs k=1 | vs k=1 (Δ 95 % CI) | family AUP |",
+                  "| method | config | accuracy % [95 % CI] | NFE | tokens per step | rounds "
+                  "| tokens per round | positions vs k=1 | vs k=1 (Δ 95 % CI) | family AUP |",
                   "|---|---|---|---|---|---|---|---|---|---|"]
         seen: set[str] = set()
         mine = [r for r in rows if r["model"] == model]
@@ -140,8 +143,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
             delta = ("baseline" if r is mine[0] else f"[{r['diff_lo']:+.1f}, "
                      f"{r['diff_hi']:+.1f}]{' **sig.**' if r['significant'] else ''}")
             lines.append(f"| {r['family']} | {r['config']} | {r['acc']:.1f} [{r['ci_lo']:.1f},"
-                         f" {r['ci_hi']:.1f}] | {r['nfe']:.2f} | {r['tpf']:.2f} | "
-                         f"{r['steps']:.2f} | {r['tpf_steps']:.2f} | "
+                         f" {r['ci_hi']:.1f}] | {r['nfe']:.2f} | {r['tokens_per_step']:.2f} | "
+                         f"{r['rounds']:.2f} | {r['tokens_per_round']:.2f} | "
                          f"{r['positions_vs_k1']:.2f} | {delta} | {fam_aup} |")
         lines.append("")
     return "\n".join(lines)
@@ -153,16 +156,26 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=50, help="held-out prompts per task")
     ap.add_argument("--seed", type=int, default=0, help="offset of the record generator seed")
     ap.add_argument("--tag", default="testbed_wino_lopa_cache")
+    ap.add_argument("--render-only", action="store_true",
+                    help="rebuild results/<tag>.md and the plot from results/<tag>.csv")
     args = ap.parse_args(argv)
-    rows = run(args.models, args.n, args.seed)
-    bt.RESULTS.mkdir(exist_ok=True)
-    with (bt.RESULTS / f"{args.tag}.csv").open("w", newline="") as fh:
-        writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
-        writer.writeheader()
-        writer.writerows(rows)
-    command = ("OMP_NUM_THREADS=1 python benchmarks/bench_testbed_wino_lopa_cache.py "
-               + " ".join(sys.argv[1:] if argv is None else argv))
-    (bt.RESULTS / f"{args.tag}.md").write_text(f"`{command}`\n\n" + markdown(rows))
+    csv_path, md = bt.RESULTS / f"{args.tag}.csv", bt.RESULTS / f"{args.tag}.md"
+    if args.render_only:  # the command that decoded stays the table's first line
+        rows = bt.read_rows(csv_path)
+        for r in rows:
+            for key in ("rounds", "tokens_per_round", "positions_vs_k1"):
+                r[key] = float(r[key])
+        command = md.read_text().splitlines()[0]
+    else:
+        rows = run(args.models, args.n, args.seed)
+        bt.RESULTS.mkdir(exist_ok=True)
+        with csv_path.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+        command = ("`OMP_NUM_THREADS=1 python benchmarks/bench_testbed_wino_lopa_cache.py "
+                   + " ".join(sys.argv[1:] if argv is None else argv) + "`")
+    md.write_text(f"{command}\n\n" + markdown(rows))
     bt.pareto_plot(rows, bt.RESULTS / f"{args.tag}_pareto.png")
     return 0
 

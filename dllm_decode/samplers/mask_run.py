@@ -116,6 +116,8 @@ class MaskRun:
                              and not sel_caps.proposes_after_select)
         guard = self.guard = StepGuard(b, device, sampler.policy.name,
                                        exempt_stall=sel_caps.may_commit_nothing,
+                                       budgeted=sel_caps.budgeted
+                                       and not sel_caps.at_least_budget,
                                        remasks=sel_caps.remasks)
         if self.compile:  # the compiler fuses the torch reference itself
             maker.impl = Impl.REFERENCE
