@@ -21,22 +21,13 @@ from dllm_decode.cache.dllm_cache import FeatureStore
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.capabilities import capabilities_of
 from dllm_decode.policies.registry import PRESETS, load_optional_presets, make_policy
-from tests.conformance import CONFORMANCE, require_shared
 from tests.helpers import mask_presets, tiny_model
-from tests.test_wino import Noisy
+from tests.test_wino import Noisy, _llada
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 FIXTURE = Path(__file__).parent / "fixtures" / "methods2026" / "dllm_cache.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
-_MODEL: dict[str, Any] = {}
-
-
-def _llada() -> Any:
-    if "llada" not in _MODEL:
-        _MODEL["llada"] = load_model(require_shared(CONFORMANCE / "llada-tiny"),
-                                     mask_token_id=500)
-    return _MODEL["llada"]
 
 
 def _cache_args(args: dict) -> dict[str, Any]:
