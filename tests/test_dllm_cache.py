@@ -20,7 +20,8 @@ from dllm_decode import DiffusionSampler, load_model
 from dllm_decode.cache.dllm_cache import FeatureStore
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.capabilities import capabilities_of
-from dllm_decode.policies.registry import PRESETS, load_optional_presets, make_policy
+from dllm_decode.policies.presets import DREAM_NAMES
+from dllm_decode.policies.resolve import PRESETS, make_policy
 from tests.helpers import mask_presets, tiny_model
 from tests.test_wino import Noisy, _llada
 
@@ -92,7 +93,6 @@ def test_refresh_every_step_equals_no_cache() -> None:
     assert all(every.refreshed.flatten().tolist())
 
 
-load_optional_presets()
 BIDIRECTIONAL = [n for n in mask_presets(PRESETS)
                  if capabilities_of(make_policy(n).selector).requires_attention is None]
 
@@ -102,8 +102,7 @@ BIDIRECTIONAL = [n for n in mask_presets(PRESETS)
 def test_every_selector_runs_under_dllm_cache(name: str) -> None:
     """Each mask preset: with ``K_p = K_r = 1`` the uncached tokens, NFE and positions; with
     sparse refreshes a complete answer and fewer positions recomputed."""
-    family = "dream" if name in ("maskgit_plus", "topk_margin", "entropy", "origin",
-                                 "window_dream") else "llada"
+    family = "dream" if name in DREAM_NAMES or name == "window_dream" else "llada"
     model = tiny_model(family, seed=2)
     prompt = torch.randint(3, 40, (2, 5), generator=torch.Generator().manual_seed(1))
     common = dict(gen_length=8, block_length=4, steps=8, seed=3)

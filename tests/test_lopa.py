@@ -15,7 +15,7 @@ import torch
 from dllm_decode import DiffusionSampler, load_model
 from dllm_decode.policies.adaptive import Threshold
 from dllm_decode.policies.lopa import Lopa
-from dllm_decode.policies.registry import make_policy
+from dllm_decode.policies.resolve import make_policy
 from tests.block_table_lm import BlockTable, TableLM
 from tests.helpers import tiny_model
 

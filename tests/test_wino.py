@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from dllm_decode import DiffusionSampler, load_model
-from dllm_decode.policies.registry import make_policy
+from dllm_decode.policies.resolve import make_policy
 from dllm_decode.policies.wino import LAST_ACCEPT_INIT, WideIn, Wino
 from tests.conformance import CONFORMANCE, require_shared
 from tests.helpers import tiny_model

@@ -37,7 +37,7 @@ from torch import Tensor
 
 from dllm_decode.cache.fed import Fed, Feed
 from dllm_decode.cache.plans import ForwardPlan
-from dllm_decode.types import CacheMode
+from dllm_decode.types import CacheMode, DiffusionLM, FeatureCachedLM
 
 #: ``(K_p, K_r)`` per model family (the authors' GSM8K scripts for the Instruct models); any
 #: other family gets LLaDA's
@@ -74,14 +74,14 @@ class DllmCachePlan(ForwardPlan):
     through ``model.feature_forward``; no K/V cache (extra forwards recompute the canvas).
 
     Args:
-        model: a bidirectional ``DecoderLM`` with ``feature_forward`` (LLaDA, Dream).
+        model: a bidirectional ``FeatureCachedLM`` (``DecoderLM``: LLaDA, Dream).
         valid, positions: ``[B', L]`` as ``ForwardPlan``.
         prompt_every, gen_every: ``K_p`` and ``K_r``.
         ratio: ``rho`` in ``[0, 1]``.
     """
 
-    def __init__(self, model: Any, valid: Tensor, positions: Tensor, *, prompt_every: int,
-                 gen_every: int, ratio: float) -> None:
+    def __init__(self, model: FeatureCachedLM, valid: Tensor, positions: Tensor, *,
+                 prompt_every: int, gen_every: int, ratio: float) -> None:
         if model.attention != "bidirectional":
             raise ValueError("cache='dllm_cache' caches the features of bidirectional models "
                              "(LLaDA, Dream); block-diffusion models use cache='block_causal'")
@@ -123,11 +123,13 @@ class DllmCachePlan(ForwardPlan):
                    span=(feed.lo, feed.hi), positions=self.store.recomputed)
 
 
-def dllm_cache_plan(model: Any, valid: Tensor, positions: Tensor, cfg: Any,
-                    family: str) -> DllmCachePlan:
+def dllm_cache_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
+                    cfg: Any, family: str = "", cache: Any = None,
+                    sub_block: int | None = None) -> DllmCachePlan:
     """The plan from a ``SamplerConfig``: ``prompt_refresh_every`` (``K_p``), ``refresh_every``
     (``K_r``) and ``refresh_ratio`` (``rho``), each defaulting to ``DLLM_CACHE_DEFAULTS`` /
-    ``DLLM_CACHE_RATIO`` for the model's family."""
+    ``DLLM_CACHE_RATIO`` for the model's family (a ``cache.table.PLANS`` builder; it keeps
+    features, not K/V, so ``cache`` and ``sub_block`` are not used)."""
     kp, kr = DLLM_CACHE_DEFAULTS.get(family, DLLM_CACHE_DEFAULTS["llada"])
     ratio = DLLM_CACHE_RATIO if cfg.refresh_ratio is None else cfg.refresh_ratio
     return DllmCachePlan(model, valid, positions, prompt_every=cfg.prompt_refresh_every or kp,

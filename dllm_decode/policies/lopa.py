@@ -57,7 +57,6 @@ from torch import Tensor
 
 from dllm_decode.policies.base import lowest, topk_mask
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import Selection, StepState
 
@@ -286,6 +285,3 @@ def lopa_policy(threshold: float | None = None, branches: int | None = None,
     return Lopa(threshold=preset["threshold"] if threshold is None else threshold,
                 branches=int(preset["branches"]) if branches is None else branches,
                 score=score, branch_topp=branch_topp, alpha=alpha, force_anchor=force_anchor)
-
-
-register("lopa", lopa_policy)

@@ -52,7 +52,6 @@ from torch import Tensor
 
 from dllm_decode.policies.base import topk_mask
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import Selection, StepState
 
@@ -226,7 +225,3 @@ def wide_in_policy(threshold: float = 0.6, accept_ratio: float = 0.7, accept_min
     """The ``wide_in`` preset: WINO's drafting rule alone (``WideIn``)."""
     return WideIn(threshold=threshold, accept_ratio=accept_ratio, accept_min=accept_min,
                   accept_max=accept_max)
-
-
-register("wino", wino_policy)
-register("wide_in", wide_in_policy)
