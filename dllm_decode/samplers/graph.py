@@ -48,6 +48,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.cache.plans import ForwardPlan
+from dllm_decode.samplers.graph_backend import CudaGraphs
 from dllm_decode.samplers.graph_check import ReplayCheck
 from dllm_decode.samplers.graph_replay import GraphRun
 from dllm_decode.samplers.graph_support import runs_eagerly, unsupported, wanted
@@ -66,6 +67,8 @@ class GraphStats:
     captures: int = 0
     replays: int = 0
     capture_seconds: float = 0.0
+    checked: int = 0  # first replays compared with the eager step (``graph_selfcheck``)
+    rejected: int = 0  # ... that disagreed (their shapes run eagerly)
 
 
 class StepGraphs:
@@ -78,11 +81,14 @@ class StepGraphs:
             capture (``samplers.graph_check``; slow, for tests).
         compile_backend: with ``capture=False``, run the step through
             ``torch.compile(fullgraph=True, backend=...)`` (one graph per key, no break).
+        backend: what captures and replays (``graph_backend``): CUDA graphs by default, the
+            CPU stand-in for tests and ``doctor``.
     """
 
     def __init__(self, capture: bool, check: bool = False,
-                 compile_backend: str | None = None) -> None:
+                 compile_backend: str | None = None, backend: Any = None) -> None:
         self.capture = capture
+        self.backend = backend if backend is not None else CudaGraphs()
         #: CPU only: run the step through ``torch.compile(fullgraph=True)`` with this backend
         self.compiled = None
         if compile_backend is not None and not capture:
@@ -135,7 +141,7 @@ class StepGraphs:
                 key_end=torch.zeros((), dtype=torch.long, device=device),
                 valid=plan.valid.clone(), positions=plan.positions.clone(), cache=plan.cache)
             if self.capture:
-                buf.pool = torch.cuda.graph_pool_handle()
+                buf.pool = self.backend.pool()
                 # warm-ups run on the capture's stream (torch.cuda.graph's recipe: per-stream
                 # lazy initialisation, e.g. cuBLAS workspaces, happens before the capture)
                 buf.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -159,7 +165,8 @@ def graph_run(sampler: Any, plan: ForwardPlan, parts: StepParts, memory: Any, ca
               total_steps: int) -> GraphRun | None:
     """A generation's static-buffer step for ``sampler`` (a ``DiffusionSampler``: its
     ``graphs`` setting, ``step_graphs`` and ``graph_reason`` are read and set here), or
-    ``None`` (the eager loop; the reason logged and kept in ``graph_reason``)."""
+    ``None`` (the eager loop; the reason logged and kept in ``graph_reason``, as is the
+    reason of a step shape that failed its self-check, ``samplers.graph_selfcheck``)."""
     sampler.graph_reason = None
     if not wanted(sampler.graphs, canvas.device):
         return None
@@ -172,7 +179,13 @@ def graph_run(sampler: Any, plan: ForwardPlan, parts: StepParts, memory: Any, ca
     if sampler.step_graphs is None or sampler.step_graphs.device not in (None, kind):
         sampler.step_graphs = StepGraphs(capture=kind == "cuda")  # (one per device type)
     setting = repr((dataclasses.replace(cfg, seed=None), bound))
-    return sampler.step_graphs.begin(model=sampler.model, plan=plan, parts=parts,
-                                     memory=memory, canvas=canvas, gen_start=p,
-                                     gen_length=cfg.gen_length, total_steps=total_steps,
-                                     setting=setting)
+    run = sampler.step_graphs.begin(model=sampler.model, plan=plan, parts=parts,
+                                    memory=memory, canvas=canvas, gen_start=p,
+                                    gen_length=cfg.gen_length, total_steps=total_steps,
+                                    setting=setting)
+
+    def on_reject(why: str) -> None:  # a step shape failed its self-check: eager from now on
+        sampler.graph_reason = why
+
+    run.on_reject = on_reject
+    return run
