@@ -135,3 +135,29 @@ def test_doctor_on_cuda_reports_the_floor_ratio(tmp_path, capsys) -> None:
     assert "== CUDA graph self-check per cache mode" in text
     for mode in ("none", "prefix", "dual"):  # CUDA graphs captured, checked and replayed
         assert re.search(rf"cache={mode} +ok +(\d+) step shapes captured, \1 passed", text)
+
+
+def test_timed_decode_on_cuda_follows_two_warm_ups(monkeypatch) -> None:
+    """On CUDA a step shape seen once per decode is captured in the second decode, so the
+    timed decode comes after two warm-ups there (one on a CPU): captures are never timed."""
+    from types import SimpleNamespace
+
+    from dllm_decode import doctor
+    from dllm_decode.samplers.sampler import DiffusionSampler
+
+    calls: list[str] = []
+    real = DiffusionSampler.generate
+
+    def counted(self, prompt, *args, **kwargs):
+        calls.append(self.config.cache.value)
+        return real(self, prompt, *args, **kwargs)
+
+    monkeypatch.setattr(DiffusionSampler, "generate", counted)
+    monkeypatch.setattr(doctor, "_sync", lambda device: None)
+    model = random_model("small", 1, torch.device("cpu"), torch.float32)
+    cpu_prompt = doctor._prompt(model, torch.device("cpu"), 4)
+    monkeypatch.setattr(doctor, "_prompt", lambda *a: cpu_prompt)
+    for device, decodes in ((torch.device("cpu"), 2), (SimpleNamespace(type="cuda"), 3)):
+        calls.clear()
+        doctor.time_decodes(model, device, 4, 4, 4, 2)
+        assert calls == [c for c in CACHE_MODES for _ in range(decodes)]
