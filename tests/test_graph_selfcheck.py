@@ -163,3 +163,21 @@ def test_compare_tolerances() -> None:
     nan = torch.tensor([float("nan"), 1.0])
     assert compare([("logits", nan, nan.clone())], torch.float32) is None
     assert "the replay gave (3,)" in compare([("tokens", ids[:3], ids[:4])], torch.float32)
+
+
+def test_large_results_are_compared_in_slices(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A K/V-sized result is compared a slice of its leading dim at a time (small widened
+    copies); a difference in the last slice is still found and measured."""
+    monkeypatch.setattr(graph_selfcheck, "CHUNK", 24)
+    k = (torch.arange(120) % 7).reshape(5, 2, 3, 4).to(torch.bfloat16)  # exact in bf16
+    assert len(graph_selfcheck._chunks(k, k)) == 5
+    bad = k.clone()
+    bad[4, 1, 2, 3] += 4.0
+    compare = graph_selfcheck.compare_results
+    assert compare([("K cache", k.clone(), k)], torch.bfloat16) is None
+    assert "K cache differ from the eager step: max |replay - eager| = 4" in compare(
+        [("K cache", bad, k)], torch.bfloat16)
+    ids = torch.arange(60).reshape(5, 12)
+    wrong = ids.clone()
+    wrong[4, 0] = -1
+    assert "1 of 60 entries differ" in compare([("tokens", wrong, ids)], torch.bfloat16)
