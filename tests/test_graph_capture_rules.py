@@ -167,6 +167,7 @@ def test_a_model_over_several_devices_runs_eagerly(monkeypatch: pytest.MonkeyPat
     spread.layers[1].to("meta")
     assert graph_support.model_devices(spread) == {torch.device("cpu"), torch.device("meta")}
     assert graph_support.model_devices(model) == {torch.device("cpu")}
+    assert graph_support.model_devices(object()) == set()  # a DiffusionLM that is no Module
     monkeypatch.setattr(graph_support, "model_devices",
                         lambda m: {torch.device("cuda", 0), torch.device("cuda", 1)})
     prompt = torch.randint(3, 1000, (1, 9), generator=torch.Generator().manual_seed(0))

@@ -163,7 +163,7 @@ def first_replay(run: GraphRun, graph: Any, key: StepKey, host: dict[str, Any],
 
 def _compute_dtype(model: Any, default: torch.dtype) -> torch.dtype:
     """The model's compute dtype (its first floating parameter's; ``default`` without one)."""
-    for p in model.parameters():
+    for p in getattr(model, "parameters", tuple)():
         if p.is_floating_point():
             return p.dtype
     return default

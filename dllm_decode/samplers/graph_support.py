@@ -100,8 +100,10 @@ def unsupported(*, plan: ForwardPlan, cfg: Any, caps: Any, parts: tuple[Any, Any
 
 
 def model_devices(model: Any) -> set[torch.device]:
-    """The devices of ``model``'s parameters (several under ``load_model(device_map=...)``)."""
-    return {p.device for p in model.parameters()}
+    """The devices of ``model``'s parameters (several under ``load_model(device_map=...)``;
+    none for a ``DiffusionLM`` that is no ``nn.Module``)."""
+    parameters = getattr(model, "parameters", None)
+    return set() if parameters is None else {p.device for p in parameters()}
 
 
 def runs_eagerly(sampler: Any, cfg: Any, why: str) -> None:
