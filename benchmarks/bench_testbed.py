@@ -84,6 +84,21 @@ CONFIGS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("window_dream", "W8/A2/R4", "window_dream", {"steps": 16, **WINDOW}),
     ("sched+threshold", "tau=0.9, tau_low=2.5", "sched", {"base": "threshold", "tau": 0.9}),
     ("threshold+eotp", "tau=0.9", "threshold+eotp", {"tau": 0.9}),
+    # the 2026 training-free methods (methods-2026.md); add a method's rows here and run
+    # ``--only FAMILY ...`` to merge them into an existing table
+    ("frechet", "delta=0.02", "frechet", {"delta": 0.02}),
+    ("frechet", "delta=0.1", "frechet", {"delta": 0.1}),
+    ("frechet", "delta=0.25", "frechet", {"delta": 0.25}),
+    ("frechet", "delta=0.5", "frechet", {"delta": 0.5}),
+    ("credit", "tau=0.9", "credit", {"tau": 0.9}),
+    ("credit", "tau=0.7", "credit", {"tau": 0.7}),
+    ("credit+frechet", "delta=0.25", "credit", {"base": "frechet", "delta": 0.25}),
+    ("credit+eb", "gamma=0.1", "credit", {"base": "eb", "gamma": 0.1}),
+    ("credit+sched", "tau=0.9, tau_low=2.5", "credit+sched", {"tau": 0.9, "tau_low": 2.5}),
+    ("dus", "a=2 (4 levels)", "dus", {"base": 2}),
+    ("dus", "a=4 (2 levels)", "dus", {"base": 4}),
+    ("dus", "a=2, skip < 0.3", "dus", {"base": 2, "threshold": 0.3}),
+    ("dus", "a=2, confidence order", "dus", {"base": 2, "order": "confidence"}),
 ]
 
 
@@ -103,6 +118,11 @@ def policy_of(policy: str, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]
         from dllm_decode.policies.registry import make_policy
 
         return with_eotp(make_policy("threshold", tau=kwargs["tau"])), {}
+    if policy == "credit+sched":  # the fused scores under SchED's stopper
+        from dllm_decode.policies.compose import compose
+
+        return compose("credit", stopper="sched", params={
+            "tau": kwargs["tau"], "stopper.tau_low": kwargs["tau_low"]}), {}
     return policy, kwargs
 
 
@@ -162,15 +182,28 @@ def commit() -> str:
         return "unknown"
 
 
-def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
+def selected(only: list[str] | None) -> list[tuple[str, str, Any, dict[str, Any]]]:
+    """``CONFIGS``, or the baseline (always first: the paired test needs it) and the
+    families in ``only``."""
+    if not only:
+        return CONFIGS
+    unknown = sorted(set(only) - {c[0] for c in CONFIGS})
+    if unknown:
+        raise SystemExit(f"--only: unknown families {unknown}; add their rows to CONFIGS")
+    return [CONFIGS[0]] + [c for c in CONFIGS[1:] if c[0] in only]
+
+
+def run(models: list[str], n: int, seed: int,
+        only: list[str] | None = None) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     oracle = waiting_line_oracle()  # codec (encode/decode) of every test-bed model
     out = []
-    total, done, start = len(models) * len(CONFIGS), 0, time.perf_counter()
+    configs = selected(only)
+    total, done, start = len(models) * len(configs), 0, time.perf_counter()
     for name in models:
         model = load(name)
         base = None
-        for family, label, policy, kwargs in CONFIGS:
+        for family, label, policy, kwargs in configs:
             done += 1
             reason = skip_reason(model, policy)
             if reason is not None:
@@ -309,9 +342,21 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     with path.open() as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
-        for key in ("acc", "ci_lo", "ci_hi", "tpf", "nfe"):
+        for key in ("acc", "ci_lo", "ci_hi", "tpf", "nfe", "diff_lo", "diff_hi"):
             r[key] = float(r[key])
+        r["significant"] = r["significant"] in (True, "True")
     return rows
+
+
+def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``old`` rows with ``new`` ones in place of the same (model, family, config), the rest
+    of ``new`` appended; rows ordered by model, then as in ``CONFIGS``."""
+    key = {(r["model"], r["family"], r["config"]): r for r in old}
+    key |= {(r["model"], r["family"], r["config"]): r for r in new}
+    order = {(c[0], c[1]): i for i, c in enumerate(CONFIGS)}
+    models = list(dict.fromkeys([r["model"] for r in old] + [r["model"] for r in new]))
+    return sorted(key.values(), key=lambda r: (models.index(r["model"]), order.get(
+        (r["family"], r["config"]), len(order))))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=50, help="held-out prompts per task")
     ap.add_argument("--seed", type=int, default=0, help="offset of the record generator seed")
     ap.add_argument("--tag", default="testbed_methods")
+    ap.add_argument("--only", nargs="+", default=None, metavar="FAMILY",
+                    help="run the baseline and these method families only, and merge their "
+                         "rows into an existing results/<tag>.csv (replacing theirs)")
     ap.add_argument("--plot-only", action="store_true",
                     help="redraw results/<tag>_pareto.png from results/<tag>.csv (no decoding)")
     args = ap.parse_args(argv)
@@ -328,14 +376,20 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_rows(RESULTS / f"{args.tag}.csv")
         pareto_plot(rows, RESULTS / f"{args.tag}_pareto.png")
         return 0
-    rows = run(args.models, args.n, args.seed)
+    rows = run(args.models, args.n, args.seed, args.only)
     RESULTS.mkdir(exist_ok=True)
+    if args.only and (RESULTS / f"{args.tag}.csv").exists():
+        rows = merge(read_rows(RESULTS / f"{args.tag}.csv"), rows)
     with (RESULTS / f"{args.tag}.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     command = "python benchmarks/bench_testbed.py " + " ".join(sys.argv[1:])
-    (RESULTS / f"{args.tag}.md").write_text(f"`{command}`\n\n" + markdown(rows))
+    md = RESULTS / f"{args.tag}.md"
+    # a merge keeps the commands that made the other rows
+    before = ([line for line in md.read_text().splitlines() if line.startswith("`")]
+              if args.only and md.exists() else [])
+    md.write_text("".join(f"{c}\n\n" for c in [*before, f"`{command}`"]) + markdown(rows))
     pareto_plot(rows, RESULTS / f"{args.tag}_pareto.png")
     return 0
 

@@ -109,6 +109,12 @@ class Capabilities:
             (aligned inside the block, each row's first sub-block with a mask), as Fast-dLLM
             v2's rule does; ``cache="sub_block"`` (``cache.sub_block``) feeds them. ``None``:
             no sub-blocks.
+        fuses_logits: the selector rewrites the step's logits before anything is scored
+            (a score transform with per-generation state, e.g. CreditDecoding's credit,
+            ``policies.credit``): the loop calls its ``fuse_logits(logits, rows, masked,
+            memory, block)`` (``policies.base.LogitsFuser``) right after the mask token is
+            removed, so the proposal (greedy or sampled), the selector, a stopper, a truncator
+            and the recorded probabilities all see the fused scores.
     """
 
     budgeted: bool = True
@@ -131,6 +137,7 @@ class Capabilities:
     samples_tokens: bool = False
     max_post_steps: int = 0
     sub_block_size: int | None = None
+    fuses_logits: bool = False
 
     def __post_init__(self) -> None:
         kinds = self.noise_kinds

@@ -191,7 +191,7 @@ def load_optional_presets() -> None:
     import importlib
 
     for mod in ("sched", "learn2pd", "ete", "history", "s2d2", "window", "editing",
-                "fastdllm2", "renoise"):
+                "fastdllm2", "renoise", "frechet", "credit", "dilated"):
         try:
             importlib.import_module(f"dllm_decode.policies.{mod}")
         except ModuleNotFoundError as err:

@@ -119,7 +119,8 @@ class MaskRun:
         if self.compile:  # the compiler fuses the torch reference itself
             maker.impl = Impl.REFERENCE
         parts = self.parts = StepParts(maker, selector, stopper, guard, caps.needs_logits,
-                                       sel_caps.proposes_after_select)
+                                       sel_caps.proposes_after_select,
+                                       selector.fuse_logits if sel_caps.fuses_logits else None)
         # editing policies: the per-row post-step state (``samplers.editing``)
         self.tracker = (EditTracker(b, device, sel_caps.max_post_steps) if sel_caps.edits
                         else None)
