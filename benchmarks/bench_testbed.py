@@ -4,11 +4,12 @@ For every model and method config, ``--n`` held-out prompts (test split, ``--see
 the nine test-bed Waiting Line tasks (lists of 3-5 names, gen length 16, one block, greedy)
 are decoded with the library's ``DiffusionSampler``; an answer counts when it is one of the
 record's valid answers (ParallelBench's rule). Per config: mean accuracy over tasks with a 95 %
-bootstrap interval (prompts resampled within each task), NFE, TPF = gen length / NFE, and a
-paired bootstrap test of the difference to the one-token-per-step baseline on the same
-prompts. Per method family (a parameter sweep): AUP over its (TPF, accuracy) points, anchored
-at the baseline. Writes ``results/<tag>.csv``, ``results/<tag>.md`` and
-``results/<tag>_pareto.png`` (``--tag``, default ``testbed_methods``).
+bootstrap interval (prompts resampled within each task), NFE, tokens per step = gen length / NFE
+(the budget per forward, EOS fill included: ParallelBench's x axis), and a paired bootstrap test
+of the difference to the one-token-per-step baseline on the same prompts. Per method family (a
+parameter sweep): AUP over its (tokens per step, accuracy) points, anchored at the baseline.
+Writes ``results/<tag>.csv``, ``results/<tag>.md`` and ``results/<tag>_pareto.png`` (``--tag``,
+default ``testbed_methods``).
 
 Run time: about 13 minutes on 2 CPU cores for the default three models at ``--n 50`` (36
 configs each); every config prints a line as it finishes, with the elapsed time and an
@@ -163,7 +164,7 @@ def summarise(rows: dict[str, list[dict[str, Any]]], base: torch.Tensor | None,
     boot = stratified_means(valid, t, torch.Generator().manual_seed(0), draws)
     out = {"acc": 100 * valid.view(t, -1).mean(-1).mean().item(),
            "ci_lo": 100 * boot.quantile(0.025).item(), "ci_hi": 100 * boot.quantile(0.975).item(),
-           "nfe": nfe.mean().item(), "tpf": G / nfe.mean().item(),
+           "nfe": nfe.mean().item(), "tokens_per_step": G / nfe.mean().item(),
            "tasks": {task: 100 * sum(r["valid"] for r in rows[task]) / len(rows[task])
                      for task in TESTBED_TASKS}, "valid": valid}
     if base is not None:  # paired: the same resampled prompts for both configs
@@ -220,7 +221,7 @@ def run(models: list[str], n: int, seed: int,
                         "params": json.dumps(kwargs), "n_per_task": n, "seed": seed,
                         "acc": round(s["acc"], 2), "ci_lo": round(s["ci_lo"], 2),
                         "ci_hi": round(s["ci_hi"], 2), "nfe": round(s["nfe"], 3),
-                        "tpf": round(s["tpf"], 3),
+                        "tokens_per_step": round(s["tokens_per_step"], 3),
                         "diff_lo": round(s.get("diff_lo", 0.0), 2),
                         "diff_hi": round(s.get("diff_hi", 0.0), 2),
                         "significant": s.get("significant", False),
@@ -232,7 +233,8 @@ def run(models: list[str], n: int, seed: int,
             r = out[-1]
             print(f"{progress(done, total, start)} {name:14s} {family:18s} {label:22s} "
                   f"acc {r['acc']:6.2f} "
-                  f"[{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] NFE {r['nfe']:6.2f} TPF {r['tpf']:5.2f}"
+                  f"[{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] NFE {r['nfe']:6.2f} tokens/step "
+                  f"{r['tokens_per_step']:5.2f}"
                   f"{' *' if r['significant'] else ''}", flush=True)
     return out
 
@@ -245,15 +247,16 @@ def progress(done: int, total: int, start: float) -> str:
 
 
 def aup_table(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
-    """AUP per (model, method family): the family's (TPF, acc) points plus the baseline
+    """AUP per (model, method family): the family's (tokens per step, acc) points plus the baseline
     anchor (k=1), y_max = best accuracy of any config on that model (AUP is per leaderboard)."""
     out = {}
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == model]
         y_max = max(r["acc"] for r in mine)
-        anchor = (mine[0]["tpf"], mine[0]["acc"])
+        anchor = (mine[0]["tokens_per_step"], mine[0]["acc"])
         for family in dict.fromkeys(r["family"] for r in mine):
-            points = [anchor] + [(r["tpf"], r["acc"]) for r in mine if r["family"] == family]
+            points = [anchor] + [(r["tokens_per_step"], r["acc"]) for r in mine
+                                 if r["family"] == family]
             out[model, family] = aup(points, y_max) if y_max > 0 else 0.0
     return out
 
@@ -263,8 +266,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines = []
     for model in dict.fromkeys(r["model"] for r in rows):
         lines += [f"### {model}", "",
-                  "| method | config | accuracy % [95 % CI] | NFE | TPF | vs k=1 (Δ 95 % CI) "
-                  "| family AUP |", "|---|---|---|---|---|---|---|"]
+                  "| method | config | accuracy % [95 % CI] | NFE | tokens/step "
+                  "| vs k=1 (Δ 95 % CI) | family AUP |", "|---|---|---|---|---|---|---|"]
         seen = set()
         for r in (r for r in rows if r["model"] == model):
             mark = " **sig.**" if r["significant"] else ""
@@ -274,8 +277,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                      r["family"] == "low_confidence" else
                      f"[{r['diff_lo']:+.1f}, {r['diff_hi']:+.1f}]{mark}")
             lines.append(f"| {r['family']} | {r['config']} | {r['acc']:.1f} [{r['ci_lo']:.1f},"
-                         f" {r['ci_hi']:.1f}] | {r['nfe']:.2f} | {r['tpf']:.2f} | {delta} | "
-                         f"{fam_aup} |")
+                         f" {r['ci_hi']:.1f}] | {r['nfe']:.2f} | {r['tokens_per_step']:.2f} | "
+                         f"{delta} | {fam_aup} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -299,7 +302,7 @@ def method_styles(families: list[str]) -> dict[str, tuple[Any, str]]:
 
 
 def pareto_plot(rows: list[dict[str, Any]], path: Path) -> Any:
-    """One panel per model, accuracy vs TPF per method family with 95 % intervals; every
+    """One panel per model, accuracy vs tokens per step per method family with 95 % intervals; every
     family keeps its colour and marker across panels; the legend sits right of the axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -312,7 +315,7 @@ def pareto_plot(rows: list[dict[str, Any]], path: Path) -> Any:
     for ax, model in zip(axes, models, strict=True):
         mine = [r for r in rows if r["model"] == model]
         for family in dict.fromkeys(r["family"] for r in mine):
-            pts = sorted((r["tpf"], r["acc"], r["ci_lo"], r["ci_hi"]) for r in mine
+            pts = sorted((r["tokens_per_step"], r["acc"], r["ci_lo"], r["ci_hi"]) for r in mine
                          if r["family"] == family)
             xs, ys, lo, hi = zip(*pts, strict=True)
             err = [[y - l for y, l in zip(ys, lo, strict=True)],
@@ -321,7 +324,7 @@ def pareto_plot(rows: list[dict[str, Any]], path: Path) -> Any:
             ax.errorbar(xs, ys, yerr=err, ms=5, capsize=2, color=colour, marker=marker,
                         label=family)
         ax.set_title(model)
-        ax.set_xlabel("tokens per forward (gen length / NFE)")
+        ax.set_xlabel("tokens per step (gen length / NFE)")
         ax.set_ylabel("accuracy % (mean over 9 tasks)")
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
@@ -342,7 +345,7 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     with path.open() as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
-        for key in ("acc", "ci_lo", "ci_hi", "tpf", "nfe", "diff_lo", "diff_hi"):
+        for key in ("acc", "ci_lo", "ci_hi", "tokens_per_step", "nfe", "diff_lo", "diff_hi"):
             r[key] = float(r[key])
         r["significant"] = r["significant"] in (True, "True")
     return rows

@@ -24,6 +24,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
+from dllm_decode.speed import answer_length
 from dllm_decode.types import Generation
 
 #: assistant text used to find what the chat template writes right after an answer
@@ -271,7 +272,7 @@ def decode_answers(tokenizer: Any, answer: Tensor, stop_ids: Sequence[int],
     stops = set(stop_ids)
     texts, stopped = [], []
     for row in rows:
-        cut = next((i for i, t in enumerate(row) if t in stops), len(row))
+        cut = answer_length(row, stops)
         kept = [t for t in row[:cut] if t != mask_token_id]
         try:
             text = tokenizer.decode(kept, skip_special_tokens=True)

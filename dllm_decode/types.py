@@ -225,8 +225,11 @@ class StepState:
     distribution (see ``StepModel``). ``editable`` ``[B, L]`` bool (only for selectors that
     declare ``Capabilities(edits=True)``, else ``None``) marks the committed positions the
     selector may rewrite this step (``Selection.edit``): generated, inside the current block,
-    fed this step, in rows still allowed to edit (``samplers.editing``). ``block_step`` is the
-    step's index inside its block (0 at the block's first forward). ``mask_logit`` ``[B, R]``
+    fed this step, in rows still allowed to edit (``samplers.editing``). ``step`` is the global
+    step index of the generation (an ``int``, 0 at its first forward, counting on across
+    blocks; a 0-d int64 tensor only on the static-buffer step of graph-safe presets),
+    ``block`` the block's index and ``block_step`` the step's index inside its block (an
+    ``int``, 0 at the block's first forward). ``mask_logit`` ``[B, R]``
     is the raw logit of the mask token at ``rows`` (only for selectors that sample their own
     tokens, ``Capabilities.samples_tokens``: ``logits`` have it removed). ``reference_order``
     (``rng="reference"``) asks budgeted top-k selections for the reference decoders' order

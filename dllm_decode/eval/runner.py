@@ -16,7 +16,8 @@ flushed and fsynced) and skips ``(config_hash, task, doc_id)`` keys already pres
 rows file of the output directory; a truncated last line (a crash mid-write) is dropped.
 Under ``torchrun`` (``WORLD_SIZE > 1``) a gloo process group is created, work units are dealt
 round-robin over ranks, and rank 0 merges everything into ``rows.jsonl`` sorted by
-``(config_hash, task, doc_id)``.
+``(config_hash, task, doc_id)``. Rank 0 also writes ``run.json``: the rows each config is to
+produce (``rows.write_plan``), from which ``eval analyze`` tells an incomplete run.
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ from dllm_decode.eval.parallelbench.rows import (
     read_rows,
     row_key,
     rows_files,
+    write_plan,
 )
 from dllm_decode.eval.parallelbench.tasks import task_spec
 from dllm_decode.eval.parallelbench.text_graders import TextBackends
@@ -210,6 +212,8 @@ def run_grid(
     out.mkdir(parents=True, exist_ok=True)
     rank, world, created = _distributed()
     units = _work_units(grid, records, model)
+    if rank == 0:  # what the run is meant to produce, for ``eval analyze``
+        write_plan(out, (config.config_hash for config, _, _ in units))
     done = {row_key(row) for path in rows_files(out) for row in read_rows(path)}
     mine = units[rank::world]
     todo = [u for u in mine if (u[0].config_hash, u[1], u[2]) not in done]

@@ -24,6 +24,7 @@ outputs with a reference (the conformance fixtures) can tell.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from pathlib import Path
@@ -92,8 +93,10 @@ def resolve_path(name_or_path: str | Path, *, revision: str | None = None,
     if looks_like_hub_id(name_or_path):
         return snapshot(str(name_or_path), revision=revision, patterns=patterns,
                         local_files_only=local_files_only, token=token, purpose=purpose)
+    close = difflib.get_close_matches(str(name_or_path), bundled_models(), n=1)
+    hint = f" (did you mean the bundled {close[0]!r}?)" if close else ""
     raise FileNotFoundError(
-        f"no model directory {str(name_or_path)!r}; pass a directory with config.json and "
+        f"no model directory {str(name_or_path)!r}{hint}; pass a directory with config.json and "
         f"model.safetensors, a Hub id 'org/name', or a bundled name: "
         f"{bundled_models() or 'none bundled'}"
     )

@@ -81,7 +81,7 @@ class KLASS:
     history: int = 2
     unmask_strategy: str = "all"
     capabilities = Capabilities(needs_logits=True, full_span=True, proposal_fields=(),
-                                reads_masked_only=True)
+                                reads_masked_only=True, at_least_budget=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "KLASS")
@@ -190,9 +190,10 @@ class CCD:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Budgeted; reads the proposal field of ``score`` (and the greedy token) at masked
-        positions."""
-        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True)
+        """Budgeted, the budget a floor (a consistent set may be larger); reads the proposal
+        field of ``score`` (and the greedy token) at masked positions."""
+        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True,
+                            at_least_budget=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))

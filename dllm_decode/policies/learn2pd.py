@@ -149,10 +149,11 @@ class Learn2PD:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Budgeted; ``full_span`` as configured (EoTP's EOS scan); reads the feature's and
-        the fallback score's proposal fields."""
+        """Budgeted, the budget a floor (the filter may accept more); ``full_span`` as
+        configured (EoTP's EOS scan); reads the feature's and the fallback score's proposal
+        fields."""
         feature = ("neg_entropy",) if self.feature == "dream_negent_masked" else ()
-        return Capabilities(full_span=self.full_span,
+        return Capabilities(full_span=self.full_span, at_least_budget=True,
                             proposal_fields=(*feature, *score_fields(self.fallback)),
                             # llada_prob_all reads committed positions of the window too
                             reads_masked_only=self.feature == "dream_negent_masked")

@@ -53,8 +53,9 @@ class DynamicThreshold:
 
     @property
     def capabilities(self) -> Capabilities:
-        """SDAR's even budget split; reads the proposal field of ``score`` only."""
+        """SDAR's even budget split, as a floor; reads the proposal field of ``score`` only."""
         return Capabilities(preferred_schedule="llada", proposal_fields=score_fields(self.score),
+                            at_least_budget=True,
                             reads_masked_only=True)
 
     def __post_init__(self) -> None:

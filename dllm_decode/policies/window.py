@@ -69,9 +69,11 @@ class WindowDream:
 
     @property
     def capabilities(self) -> Capabilities:
-        """The window planner, bidirectional models; reads ``score``'s proposal field."""
+        """The window planner, bidirectional models; reads ``score``'s proposal field; a full
+        step commits one position whatever the budget (Dream's grid may schedule none)."""
         return Capabilities(preferred_cache="window", requires_attention="bidirectional",
-                            proposal_fields=score_fields(self.score), reads_masked_only=True)
+                            proposal_fields=score_fields(self.score), reads_masked_only=True,
+                            at_least_budget=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))

@@ -115,7 +115,9 @@ class MaskRun:
                              and not cfg.confidence_eos_eot_inf
                              and not sel_caps.proposes_after_select)
         guard = self.guard = StepGuard(b, device, sampler.policy.name,
-                                       exempt_stall=sel_caps.may_commit_nothing)
+                                       exempt_stall=sel_caps.may_commit_nothing,
+                                       budgeted=sel_caps.budgeted
+                                       and not sel_caps.at_least_budget)
         if self.compile:  # the compiler fuses the torch reference itself
             maker.impl = Impl.REFERENCE
         parts = self.parts = StepParts(maker, selector, stopper, guard, caps.needs_logits,

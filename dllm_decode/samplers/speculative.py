@@ -257,8 +257,10 @@ class SelfSpeculative:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Block-causal models only; logits, extra verifier forwards, random acceptance."""
+        """Block-causal models only; logits, extra verifier forwards, random acceptance;
+        accepted drafts may exceed the step's budget (the base rule's floor)."""
         return Capabilities(needs_logits=True, preferred_cache="block_causal",
+                            at_least_budget=True,
                             preferred_schedule="llada", causal_prefix=self.causal_prefix,
                             draft_causal=self.draft_causal, requires_attention="block_causal",
                             extra_forwards=True, stochastic=True,

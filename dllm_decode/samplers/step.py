@@ -124,7 +124,7 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     guard.check_shape(commit, eligible)
     guard.observe(info["step"], checked, checked_live, eligible, ctl["expected"], commit,
                   ctl["stall_limit"], last=ctl["last"],
-                  at=None if masked_rows is None else masked_rows[1])
+                  at=None if masked_rows is None else masked_rows[1], budget=budget)
     if ctl["force_end"] is not None:  # force_block_end (prompt masks: LLaDA's carry-over)
         commit = commit | (eligible & ctl["force_end"])
     selected = commit
