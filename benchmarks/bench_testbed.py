@@ -116,11 +116,11 @@ def load(name: str) -> Any:
 def policy_of(policy: str, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     if policy == "threshold+eotp":
         from dllm_decode.policies.learn2pd import with_eotp
-        from dllm_decode.policies.registry import make_policy
+        from dllm_decode.policies.resolve import make_policy
 
         return with_eotp(make_policy("threshold", tau=kwargs["tau"])), {}
     if policy == "credit+sched":  # the fused scores under SchED's stopper
-        from dllm_decode.policies.compose import compose
+        from dllm_decode.policies.resolve import compose
 
         return compose("credit", stopper="sched", params={
             "tau": kwargs["tau"], "stopper.tau_low": kwargs["tau_low"]}), {}

@@ -9,8 +9,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from dllm_decode.policies.compose import STOPPERS, TRUNCATORS
-from dllm_decode.policies.registry import PRESETS, load_optional_presets
+from dllm_decode.policies.resolve import PRESETS, STOPPERS, TRUNCATORS
 from dllm_decode.samplers.contract import DecodeContractError
 
 #: the bundled default checkpoint (LLaDA-like); a seeded random model stands in if absent
@@ -136,7 +135,7 @@ def _reject_sampler_params(params: dict[str, Any]) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from dllm_decode.policies.defaults import resolve_policy
+    from dllm_decode.policies.defaults import apply_family_default
     from dllm_decode.samplers.build import build_sampler
     from dllm_decode.text import generate_text
 
@@ -153,7 +152,7 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.stop_at_eos:  # else the family default's (Fast-dLLM v2 stops at its EOS)
         params["stop_at_eos"] = True
     # no --policy: the model family's default preset, parameters and cache
-    policy, params, cache = resolve_policy(model, args.policy, params, args.cache)
+    policy, params, cache = apply_family_default(model, args.policy, params, args.cache)
     sampler = build_sampler(model, policy, stopper=args.stopper, truncator=args.truncator,
                             cache=cache, params=params)
     on_step = None
@@ -220,7 +219,6 @@ class _nullcontext:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    load_optional_presets()
     parser = argparse.ArgumentParser(prog="dllm-decode", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 

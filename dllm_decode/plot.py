@@ -59,13 +59,12 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
     """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
-    from matplotlib.ticker import MaxNLocator
 
     b = generation.commit_step.shape[0]
     if not 0 <= row < b:
         raise ValueError(f"row must be in [0, {b}), got {row}")
     order = generation.commit_step[row].cpu()
-    g, steps = order.shape[0], max(generation.steps, 1)
+    steps = max(generation.steps, 1)
     length = int(generation.lengths[row])
     per_step = generation.commits_per_step()[row].cpu()
     forwards = torch.tensor(generation.step_forwards or [1] * generation.steps)
@@ -76,6 +75,33 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
     FigureCanvasAgg(fig)
     top, bottom = fig.subplots(2, 1, gridspec_kw={"height_ratios": [3, 1]}, sharex=True)
     top.tick_params(labelbottom=True)  # shared steps axis: label it under both panels
+    edited = _order_panel(fig, top, generation, row, order, steps, length, decode)
+    _step_panel(top, bottom, generation, per_step, forwards, refreshed, edited)
+    n_fwd = int(forwards.sum())
+    n_steps = f"{generation.steps} step{'s' if generation.steps != 1 else ''}"
+    if stop_token_ids is not None:
+        tokens = answer_lengths(generation.answer[row:row + 1], stop_token_ids, [length])[0]
+        nfe = int(generation.nfe[row])  # the row's forwards (a separate prefill included)
+        rate = f"{tokens_per_forward([tokens], [max(nfe, 1)]):.2f} {TPF_UNIT} ({tokens} answer " \
+               f"tokens up to EOS / NFE {nfe})"
+    else:
+        rate = f"{int(per_step.sum()) / max(n_fwd, 1):.2f} committed positions/forward"
+    fig.suptitle(title or f"row {row}: {n_steps}, {n_fwd} forward{'s' if n_fwd != 1 else ''}, "
+                 f"{rate}")
+    if path is not None:
+        Path(path).parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi)
+    return fig
+
+
+def _order_panel(fig: Any, top: Any, generation: Generation, row: int, order: torch.Tensor,
+                 steps: int, length: int, decode: Callable[[Sequence[int]], str] | None
+                 ) -> torch.Tensor | None:
+    """The commit-order image ``[G, steps]`` with its commits, edits and truncated tail;
+    returns the row's edits ``[steps, G]`` (``None`` without editing)."""
+    from matplotlib.ticker import MaxNLocator
+
+    g = order.shape[0]
     # image [G, steps]: NaN while masked, the commit step once committed
     grid = torch.arange(steps, dtype=torch.float32)[None].expand(g, -1)
     done = (order[:, None] >= 0) & (grid >= order[:, None])
@@ -102,6 +128,15 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
         top.set_yticks(range(g), [decode([t]) for t in answer], fontsize=6)
     fig.colorbar(shown, ax=top, label="commit step", pad=0.01,
                  ticks=MaxNLocator(integer=True, min_n_ticks=1))
+    return edited
+
+
+def _step_panel(top: Any, bottom: Any, generation: Generation, per_step: torch.Tensor,
+                forwards: torch.Tensor, refreshed: torch.Tensor,
+                edited: torch.Tensor | None) -> None:
+    """Per step: tokens committed (and edited), forwards, commits per forward, the cache
+    refreshes (marked on both panels), and the legends."""
+    from matplotlib.ticker import MaxNLocator
 
     x = torch.arange(generation.steps).numpy()
     bottom.bar(x, per_step.numpy(), color="tab:blue", label="tokens committed")
@@ -127,18 +162,3 @@ def plot_decoding(generation: Generation, path: str | Path | None = None, *, row
     bottom.set_ylabel("per step")
     bottom.set_ylim(0, height * 1.75)  # room for the refresh marks and the legend
     bottom.legend(loc="upper right", fontsize=7, ncols=4)
-    n_fwd = int(forwards.sum())
-    n_steps = f"{generation.steps} step{'s' if generation.steps != 1 else ''}"
-    if stop_token_ids is not None:
-        tokens = answer_lengths(generation.answer[row:row + 1], stop_token_ids, [length])[0]
-        nfe = int(generation.nfe[row])  # the row's forwards (a separate prefill included)
-        rate = f"{tokens_per_forward([tokens], [max(nfe, 1)]):.2f} {TPF_UNIT} ({tokens} answer " \
-               f"tokens up to EOS / NFE {nfe})"
-    else:
-        rate = f"{int(per_step.sum()) / max(n_fwd, 1):.2f} committed positions/forward"
-    fig.suptitle(title or f"row {row}: {n_steps}, {n_fwd} forward{'s' if n_fwd != 1 else ''}, "
-                 f"{rate}")
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=dpi)
-    return fig

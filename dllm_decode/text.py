@@ -171,7 +171,7 @@ def _testbed_codec(directory: str) -> Any:
     """The word-level codec of a test-bed tokenizer directory (``None`` for other tokenizers)."""
     if not directory:
         return None
-    from dllm_decode.train.testbed import VOCAB_FILE, codec_for
+    from dllm_decode.models.oracle import VOCAB_FILE, codec_for
 
     path = Path(directory)
     return codec_for(path) if (path / VOCAB_FILE).is_file() else None
@@ -183,7 +183,7 @@ def check_testbed_prompt(codec: Any, ids: Sequence[int]) -> None:
     The format (``dllm_decode.train.testbed``): ``<task> [<index>] [word] [ a , b , ... ]``,
     then ``<fill>`` twice per empty list slot (``2 * (slots - items)``), then ``<answer>``;
     the checkpoints were trained only on it, and a prompt off it decodes to malformed output.
-    ``codec`` is the checkpoint's ``WaitingLineOracle`` (``train.testbed.codec_for``).
+    ``codec`` is the checkpoint's ``WaitingLineOracle`` (``models.oracle.codec_for``).
     """
     from dllm_decode.models.oracle import ANSWER, FILL
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -176,6 +176,39 @@ class Selection(NamedTuple):
     tokens: Tensor | None = None
     prob: Tensor | None = None
     edit: Tensor | None = None
+
+
+@runtime_checkable
+class DiffusionLM(Protocol):
+    """What the sampler needs from a model.
+
+    ``forward(tokens [B, N], positions [B, N]) -> logits [B, N, V]`` with ``logits[:, i]``
+    predicting ``tokens[:, i]``. Models trained with the AR shift (Dream) undo it inside; for
+    such models (``logit_shift == 1``) the first fed row has no left neighbour, so its logits are
+    only meaningful when it sits at canvas position 0. ``cache`` is a ``cache.kv.BlockKVCache``
+    (K/V written at ``slots`` and read back; ``store=False`` writes nothing); ``mask`` a
+    ``[B, N, L']`` bool attention mask. ``models.base.DecoderLM`` implements it; the cache
+    plans drive any model that does.
+    """
+
+    mask_token_id: int
+    eos_token_ids: tuple[int, ...]
+    attention: str  # "bidirectional" | "block_causal"
+    block_size: int | None
+    logit_shift: int
+    vocab_size: int
+    max_length: int
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        *,
+        cache: Any = None,
+        slots: Tensor | None = None,
+        mask: Tensor | None = None,
+        store: bool = True,
+    ) -> Tensor: ...
 
 
 class StepModel(Protocol):

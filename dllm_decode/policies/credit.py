@@ -48,7 +48,8 @@ from torch import Tensor
 
 from dllm_decode.policies.base import bind_of, init_memory_of
 from dllm_decode.policies.capabilities import Capabilities, capabilities_of
-from dllm_decode.policies.registry import Policy, make_policy, register
+from dllm_decode.policies.policy import Policy
+from dllm_decode.policies.resolve import make_policy
 from dllm_decode.policies.supervised import Supervised
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import StepState
@@ -184,5 +185,3 @@ def credit_policy(base: str | Any = "threshold", credit_alpha: float = 0.7,
     return Policy(selector=fused, stopper=built.stopper, truncator=built.truncator,
                   name="credit" if base == "threshold" else f"credit+{built.name}")
 
-
-register("credit", credit_policy)

@@ -38,7 +38,6 @@ from torch import Tensor
 
 from dllm_decode.policies.base import topk_mask
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import StepState
 
@@ -198,5 +197,3 @@ def dus_policy(base: int = 2, skip_exp: int = 1, threshold: float = 0.0,
     return DilatedSchedule(base=base, skip_exp=skip_exp, threshold=threshold, order=order,
                            merge_last=merge_last)
 
-
-register("dus", dus_policy)

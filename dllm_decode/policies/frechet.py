@@ -35,7 +35,6 @@ from torch import Tensor
 from dllm_decode.policies.adaptive import ranked_adaptive
 from dllm_decode.policies.base import rank_desc, step_score
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
@@ -110,5 +109,3 @@ class Frechet:
         count = passes.sum(-1, keepdim=True).clamp(min=1)
         return eligible & (ranks < count)
 
-
-register("frechet", Frechet)

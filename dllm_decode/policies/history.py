@@ -29,7 +29,6 @@ from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
-from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
@@ -234,6 +233,3 @@ class CCD:
         mem.prev_argmax.copy_(torch.where(state.fresh, greedy, mem.prev_argmax))
         return commit
 
-
-register("klass", KLASS)
-register("ccd", CCD)

@@ -32,15 +32,15 @@ steps (a host scalar the step reads) passes this check; that is what the CPU rep
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final
 
 import torch
 from torch import Tensor
 
 from dllm_decode.samplers.static_step import StepKey, static_step
 
-if TYPE_CHECKING:
-    from dllm_decode.samplers.graph_replay import GraphRun
+#: a ``samplers.graph_replay.GraphRun`` (not imported: that module calls this one)
+GraphRun = Any
 
 logger = logging.getLogger("dllm_decode.graph")
 
