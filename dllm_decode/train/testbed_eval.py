@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -39,8 +40,11 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
                  tasks: Sequence[str] = TESTBED_TASKS, policy: str = "low_confidence",
                  split: str = "test", sample_seed: int | None = None,
                  **sampler_kwargs: Any) -> dict[str, list[dict[str, Any]]]:
-    """Decode ``n`` held-out prompts per task; per task a list of ``{valid, nfe, text,
-    edits}`` (``edits``: committed positions rewritten, by token editing or re-noising).
+    """Decode ``n`` held-out prompts per task; per task a list of ``{valid, nfe, text, steps,
+    positions, edits}`` (``steps``: the decoding steps the row took part in, one after its
+    last commit; ``positions``: the token positions the model ran through during them,
+    ``Generation.step_positions``, the batch's left padding included; ``edits``: committed
+    positions rewritten, by token editing or re-noising).
 
     ``seed`` offsets the record generator (``None``: the split's own seed), so other seeds draw
     other held-out prompts; ``sample_seed`` seeds the sampler's draws (sampling decoders, the
@@ -73,13 +77,15 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
         seeded = {} if sample_seed is None else {"seed": sample_seed}
         gen = sampler.generate(ids, attn, **even, **seeded)
         rows = []
+        steps = (gen.commit_step.max(1).values + 1).tolist()  # a row runs until its last commit
+        done = [0.0, *itertools.accumulate(gen.step_positions or [])]
         edits = (gen.edits.sum((1, 2)) if gen.edits is not None
                  else torch.zeros(len(records), dtype=torch.long)).tolist()
-        for rec, answer, nfe, n_edits in zip(records, gen.answer.tolist(), gen.nfe.tolist(),
-                                             edits, strict=True):
+        for rec, answer, nfe, k, n_edits in zip(records, gen.answer.tolist(), gen.nfe.tolist(),
+                                                steps, edits, strict=True):
             text = oracle.decode(answer)
-            rows.append({"valid": grade(task, rec, text), "nfe": nfe, "text": text,
-                         "edits": n_edits})
+            rows.append({"valid": grade(task, rec, text), "nfe": nfe, "text": text, "steps": k,
+                         "positions": done[min(k, len(done) - 1)], "edits": n_edits})
         out[task] = rows
     return out
 
