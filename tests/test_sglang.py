@@ -434,3 +434,17 @@ def test_readme_table_is_true(name, status) -> None:
           order=shuffled(5))
     for r in reqs:
         assert r.finished and MASK not in r.output and len(r.output) >= 1
+
+
+@pytest.mark.parametrize(("policy", "split"), [
+    ("threshold", "merge"),  # reads no step value: every row in one call
+    ("llada2", "key"),       # reads the block step: one call per step value
+    ("random", "row"),       # draws: one call per request, with the request's generator
+    ("klass", "row"),        # per-request memory
+])
+def test_rows_share_a_call_unless_the_policy_reads_what_differs(policy, split) -> None:
+    algorithm = DllmDecodeAlgorithm(dllm_config("DllmDecode", {"policy": policy}, fdfo=True))
+    reqs = requests(PROMPTS, max_new=10)
+    serve(algorithm, ScriptedRunner(synthetic_logits(VOCAB, MASK), SDAR_CONFIG), reqs, k=K,
+          mask_id=MASK, stop_ids=(EOS,), fdfo=True, order=shuffled(4))
+    assert algorithm.decoder.split == split

@@ -92,6 +92,27 @@ class _Watched(StepState):
         return object.__getattribute__(self, name)
 
 
+class _WatchedExtras(dict):
+    """``StepState.extras`` of a watched state: reading ``total_steps`` (a row's schedule
+    length, like ``progress``) is recorded as reading ``progress``."""
+
+    def __init__(self, reads: set[str], items: dict[str, Any]) -> None:
+        super().__init__(items)
+        self._reads = reads
+
+    def __getitem__(self, key: str) -> Any:
+        self._note(key)
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        self._note(key)
+        return super().get(key, default)
+
+    def _note(self, key: str) -> None:
+        if key == "total_steps":
+            self._reads.add("progress")
+
+
 class _ServedStepModel:
     """``StepState.model`` inside SGLang: the sampling distribution; no extra forwards (those
     policies are refused at server start)."""
@@ -124,10 +145,6 @@ class BlockDecoder:
 
     def __init__(self, spec: ServingSpec, block_size: int, mask_id: int) -> None:
         self.spec, self.k, self.mask_id = spec, block_size, mask_id
-        cfg, sel = spec.cfg, spec.caps.selector
-        self.edits, self.max_post = sel.edits, sel.max_post_steps
-        self.timed = sel.budgeted
-        self.schedule = cfg.schedule or sel.preferred_schedule or "llada"
         #: what a merged call of rows may not do: "merge" (all rows in one call), "key" (one call
         #: per step key) or "row" (one call per request); escalated when a call reads a
         #: differing step field or draws from the generator
@@ -150,7 +167,9 @@ class BlockDecoder:
         caps = policy_capabilities(self.selector, self.stopper, self.truncator)
         refuse_unservable(caps, policy.name)  # e.g. a lookahead kept by the bound part
         device = served.anchor.device
-        self.caps, self.served = caps, served
+        self.caps, self.served, sel = caps, served, caps.selector
+        self.edits, self.max_post, self.timed = sel.edits, sel.max_post_steps, sel.budgeted
+        self.schedule = cfg.schedule or sel.preferred_schedule or "llada"
         self.needs_logits = caps.needs_logits
         #: handed to calls that must not draw: a draw shows in its state (``_decide``)
         self.probe = torch.Generator(device=device)
@@ -173,6 +192,7 @@ class BlockDecoder:
         """Fresh block states for rows with prompt masks ``prompt [B, K]``; ``block_start [B]``
         (each block's first absolute position) and ``rids`` (request ids) seed each request's
         generator, identically on every tensor-parallel rank. One host sync."""
+        prompt = prompt.clone()  # the engine's tensor may be refilled for the next batch
         opens = self.k - prompt.sum(1)
         if block_start is None or rids is None:
             values, seeds = opens.tolist(), [None] * prompt.shape[0]  # once per block
@@ -186,7 +206,7 @@ class BlockDecoder:
         for row, (n_open, seed) in enumerate(zip(values, seeds, strict=True)):
             n_commit = self._steps(int(n_open))
             out.append(RequestBlock(prompt[row], int(n_open), n_commit, n_commit + self.max_post,
-                                    seed, has_mask=n_open > 0))
+                                    seed, has_mask=n_open > 0, done=n_open == 0))
         return out
 
     def _steps(self, n_open: int) -> int:
@@ -325,7 +345,11 @@ class BlockDecoder:
             logits=step_logits if self.needs_logits else None, rows=self.rows,
             refreshed=torch.full((b,), i == 0, device=device), model=self.step_model,
             editable=editable, mask_logit=take(mask_logit) if self.maker.greedy else None)
-        state = _Watched(**fields) if watch else StepState(**fields)
+        if watch:
+            state = _Watched(**fields)
+            state.extras = _WatchedExtras(state.reads, fields["extras"])
+        else:
+            state = StepState(**fields)
         new, commit, edit = self._commit(state, canvas, plan[:, 2] > 0)
         if self.truncator is not None:
             cut = self.truncator.truncate(state, commit).clamp(max=k)
