@@ -93,8 +93,14 @@ class SamplerConfig:
             LLaDA2's ``generate`` rounds its canvas up to whole blocks, so the padding
             positions compete for the last block's commits and cost steps (the recorded
             cases need it); the default decodes exactly the ``G`` requested positions.
-        rng: ``compact`` draws noise only for the rows that are scored; ``reference`` draws it
-            in the reference decoders' shapes and order (exact seeded conformance).
+        rng: ``compact`` draws noise only for the rows that are scored; ``reference``
+            reproduces the reference decoders exactly: noise drawn in their shapes and order
+            (exact seeded conformance), the Gumbel path's confidence computed as theirs
+            (softmax, then gather; ``ProposalMaker.reference_prob``) and budgeted top-k
+            selection in their tie order (``torch.topk`` over the forward span,
+            ``policies.base.reference_topk_mask``; it reads the budget on the host, so such
+            steps run eagerly: no static-buffer step, no ``compile=True``). ``compact``
+            breaks exact ties by the lower index, without host syncs.
         allow_prompt_masks: accept MASK tokens inside the prompt (LLaDA infilling semantics:
             they are eligible like block positions). As in LLaDA's ``generate``, the answer may
             then end with masks (the one exception to the no-masks contract).

@@ -228,7 +228,9 @@ class StepState:
     fed this step, in rows still allowed to edit (``samplers.editing``). ``block_step`` is the
     step's index inside its block (0 at the block's first forward). ``mask_logit`` ``[B, R]``
     is the raw logit of the mask token at ``rows`` (only for selectors that sample their own
-    tokens, ``Capabilities.samples_tokens``: ``logits`` have it removed).
+    tokens, ``Capabilities.samples_tokens``: ``logits`` have it removed). ``reference_order``
+    (``rng="reference"``) asks budgeted top-k selections for the reference decoders' order
+    (``policies.base.budget_mask``: ``torch.topk`` over the forward's span, ties as there).
     """
 
     proposal: Proposal
@@ -257,6 +259,7 @@ class StepState:
     editable: Tensor | None = None
     block_step: int = 0
     mask_logit: Tensor | None = None
+    reference_order: bool = False
 
 
 @dataclass

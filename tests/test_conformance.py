@@ -54,6 +54,9 @@ def _check(model, policy: str, params: dict, case: dict, nfe_may_be_lower: bool)
 
 @pytest.mark.parametrize("case", LLADA, ids=[c["name"] for c in LLADA])
 def test_llada_case(case: dict) -> None:
+    """Recorded: the case's tokens and NFE. Machine-independent: greedy and Gumbel-seeded
+    trajectories with boundary margins >= 1e-4, unchanged under fp32 perturbations (weights
+    x (1 + 1e-7 N(0, 1)), ``ATEN_CPU_CAPABILITY=default``, ``MKL_CBWR=COMPATIBLE``)."""
     model = _model("llada-tiny")
     policy, params = llada_settings(case, model)
     _check(model, policy, params, case, _wasted_forward_revision(case))
@@ -61,6 +64,7 @@ def test_llada_case(case: dict) -> None:
 
 @pytest.mark.parametrize("case", DREAM, ids=[c["name"] for c in DREAM])
 def test_dream_case(case: dict) -> None:
+    """Recorded: the case's tokens and NFE (machine-independent, as ``test_llada_case``)."""
     model = _model("dream-tiny")
     policy, params = dream_settings(case, model)
     _check(model, policy, params, case, False)

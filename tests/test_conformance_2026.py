@@ -37,6 +37,8 @@ def _model(name: str, mask_id: int):
 
 @pytest.mark.parametrize("case", LLADA2, ids=[c["name"] for c in LLADA2])
 def test_llada2_case(case: dict) -> None:
+    """Recorded: tokens (cut at EOS as ``generate`` returns them) and NFE; machine-independent
+    (unchanged under the fp32 perturbations of ``test_conformance.test_llada_case``)."""
     args = case["args"]
     model = _model("llada2-tiny", args["mask_id"]).with_block_size(args["block_length"])
     policy, params = llada2_settings(case, model)
@@ -68,7 +70,8 @@ SINGLE = [c for c in FDV2 if len(c["prompt_ids"]) == 1]
 
 @pytest.mark.parametrize("case", SINGLE, ids=[c["name"] for c in SINGLE])
 def test_fastdllm2_case(case: dict) -> None:
-    """Tokens and NFE (``Generation.forwards``, the reference's prefill forward included by
+    """Recorded (machine-independent, as ``test_llada2_case``): tokens and NFE
+    (``Generation.forwards``, the reference's prefill forward included by
     ``separate_prefill``); with ``use_block_cache`` also each forward's kind: the reference's
     full-block forwards are the steps that refreshed, its sub-block forwards the others."""
     try:
@@ -98,7 +101,8 @@ BATCHED = [c for c in FDV2 if len(c["prompt_ids"]) > 1]
 
 @pytest.mark.parametrize("case", BATCHED, ids=[c["name"] for c in BATCHED])
 def test_fastdllm2_batched_case(case: dict) -> None:
-    """A batched ``batch_sample`` case row by row: each row decoded alone gives the
+    """Recorded (machine-independent, as ``test_llada2_case``): a batched ``batch_sample``
+    case row by row: each row decoded alone gives the
     reference's tokens (rows do not interact), and the reference's batch NFE is the lockstep
     count of the rows' steps (``fastdllm2_batch_forwards``: the reference moves the batch
     sub-block by sub-block together; the library's rows move independently and ragged

@@ -77,7 +77,9 @@ CASES = [
     ("llada", "low_confidence", "none", 16, 8, 16, {"cfg_scale": 1.5}),
     ("llada", "low_confidence", "prefix", 16, 4, 16, {"stop_at_eos": True}),
     ("llada", "low_confidence", "none", 32, 32, 32, {"logits_eos_inf": True}),
-    ("llada", "low_confidence", "dual", 16, 8, 16, {"temperature": 1.0, "rng": "reference"}),
+    # rng="reference": the threshold fuses (its budgeted top-k twin selects in post_forward,
+    # in the references' tie order: tests/test_reference_ties.py)
+    ("llada", "threshold", "dual", 16, 8, None, {"temperature": 1.0, "rng": "reference"}),
     ("llada-v1024", "low_confidence", "none", 32, 8, 16, {}),
     ("dream", "maskgit_plus", "none", 16, None, 16, {}),
     ("llada", "threshold", "none", 16, 8, None, {}),

@@ -71,7 +71,9 @@ def test_cached_decoding_is_token_identical(name: str) -> None:
 
 @pytest.mark.parametrize("case", LLADA_MOE_CASES, ids=[c["name"] for c in LLADA_MOE_CASES])
 def test_llada_moe_case(case: dict) -> None:
-    """LLaDA-MoE's cases ran ML-GSAI/LLaDA's ``generate``: the LLaDA mapping reproduces them
+    """Recorded (machine-independent under the fp32 perturbations of
+    ``test_conformance.test_llada_case``): LLaDA-MoE's cases ran ML-GSAI/LLaDA's ``generate``:
+    the LLaDA mapping reproduces them
     token for token, NFE included (these newer cases carry their settings in ``args`` only)."""
     _, model = load_fixture("llada-moe-tiny")
     policy, params = llada_settings(dict(case, settings={}), model)

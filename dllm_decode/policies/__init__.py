@@ -5,6 +5,7 @@ from dllm_decode.policies.base import (
     Stopper,
     Truncator,
     UnmaskPolicy,
+    budget_mask,
     check_commit,
     rank_desc,
     top1_mask,
@@ -20,6 +21,6 @@ from dllm_decode.policies.sched import SchED
 __all__ = [
     "PRESETS", "STOPPERS", "TRUNCATORS", "Capabilities", "EntropyBounded", "EntropyThreshold",
     "EoTP", "Factor", "Origin", "Policy", "RandomOrder", "SchED", "Stopper", "Threshold", "TopK",
-    "Truncator", "UnmaskPolicy", "capabilities_of", "check_commit", "compose", "make_policy",
-    "rank_desc", "register", "top1_mask", "topk_mask",
+    "Truncator", "UnmaskPolicy", "budget_mask", "capabilities_of", "check_commit", "compose",
+    "make_policy", "rank_desc", "register", "top1_mask", "topk_mask",
 ]

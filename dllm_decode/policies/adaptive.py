@@ -12,8 +12,10 @@ Deviations from the papers / released code:
 
 * all rules: the mask token is never a candidate (its logit is -inf before anything is
   scored; the references keep it in the softmax); rows of a batch are independent (Fast-dLLM's
-  factor rule and dual cache crash for batch > 1, dParallel / EB code is batch 1); ties go
-  to the lower index (``torch.topk`` order in the references); no host sync.
+  factor rule and dual cache crash for batch > 1, dParallel / EB code is batch 1); exact ties
+  go to the lower index (the references' ``torch.topk`` order on a CPU is not the index order;
+  ``rng="reference"`` reproduces it for the budgeted top-k selectors only,
+  ``policies.confidence``); no host sync.
 * Fast-dLLM ``threshold`` / ``factor``: ``prob`` confidences are the float32 probabilities of
   the proposal (the reference softmax is float64; every conformance case matches); ``factor``
   follows the paper's rule by default, ``last_rank_quirk=True`` reproduces the released

@@ -5,6 +5,19 @@ An ``UnmaskPolicy`` maps a ``StepState`` to a commit mask ``[B, L]`` (a subset o
 the lower index). A ``Stopper`` may end decoding early (remaining masks take their argmax); a
 ``Truncator`` shortens rows (EoTP). Policies are frozen dataclasses: per-generation memory
 lives in the object returned by ``init_memory`` and handed back through ``state.memory``.
+
+Two top-k selections (``budget_mask`` picks one per step):
+
+* ``topk_mask`` (default): a stable sort, exact ties to the lower index, no host sync (graph
+  and compile safe). This is *not* the references' order: their ``torch.topk`` on a CPU runs
+  ``std::nth_element`` / ``std::partial_sort``, whose order among equal scores depends on the
+  row's length, ``k`` and the values around them.
+* ``reference_topk_mask`` (``StepState.reference_order``, i.e. ``rng="reference"``): what
+  LLaDA's ``generate``, Fast-dLLM and Dream run — ``torch.topk`` with a host ``k`` per row over
+  the confidences of the span the reference's forward covered, ``-inf`` where not eligible — so
+  exact ties (confidences that saturate at 1.0 in fp32, e.g. under classifier-free guidance)
+  are broken as the reference breaks them (the same order under every ``ATEN_CPU_CAPABILITY``:
+  the CPU kernel is scalar). One host read of the budget per step.
 """
 
 from __future__ import annotations
@@ -125,6 +138,42 @@ def _row_positions(length: int, device: torch.device) -> Tensor:
             _ROW_POSITIONS.clear()
         out = _ROW_POSITIONS[(length, device)] = torch.arange(length, device=device)[None]
     return out
+
+
+def reference_topk_mask(score: Tensor, eligible: Tensor, k: Tensor, start: int,
+                        width: int) -> Tensor:
+    """The ``k [B]`` best eligible positions per row as the reference decoders pick them.
+
+    ``torch.topk(row, k_row)`` over each row's ``[width]`` confidences of the canvas span
+    ``[start, start + width)`` (the span the reference's forward covered: the whole canvas for
+    LLaDA's ``generate`` and Dream, the suffix or block of Fast-dLLM's cached forwards), with
+    ``-inf`` at the positions that are not eligible, as LLaDA's ``generate`` builds
+    ``confidence`` — so exact ties fall as they fall there. ``score [B, L]``, ``eligible
+    [B, L]`` (inside the span), ``k [B]`` int64 -> commit mask ``[B, L]``.
+    """
+    span = slice(start, start + width)
+    conf = torch.where(eligible[:, span], score[:, span], -torch.inf)
+    # sync (rng="reference" only): torch.topk takes k on the host, as the references call it;
+    # one topk per distinct k over the whole batch (rows are processed independently, so a
+    # row's result is its own topk's)
+    ks = k.tolist()
+    take = torch.zeros_like(conf, dtype=torch.bool)
+    for value in sorted(set(ks) - {0}):
+        picked = torch.zeros_like(take).scatter_(
+            -1, torch.topk(conf, min(value, width), dim=-1).indices, True)
+        take |= picked & (k == value)[:, None]
+    out = torch.zeros_like(eligible)
+    out[:, span] = take
+    return out & eligible
+
+
+def budget_mask(state: StepState, score: Tensor, eligible: Tensor, k: Tensor) -> Tensor:
+    """Commit the ``k [B]`` best ``eligible [B, L]`` positions of ``score [B, L]``: in the
+    references' order with ``state.reference_order`` (``reference_topk_mask``), else by
+    ``topk_mask`` (ties to the lower index, no host sync)."""
+    if state.reference_order:
+        return reference_topk_mask(score, eligible, k, state.forward_start, state.forward_width)
+    return topk_mask(score, eligible, k)
 
 
 def top1_mask(score: Tensor, eligible: Tensor) -> Tensor:

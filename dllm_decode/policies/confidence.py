@@ -16,10 +16,22 @@ change with ``top_k=50``; the conformance cases recorded without ``top_k`` match
 
 Deviations from the papers / released code:
 
-* the mask token is never proposed (-inf logit); probabilities are float32 softmaxes of the
-  proposal (LLaDA computes them in the model dtype, bf16 on GPU, so tied confidences there
-  may break differently); ties go to the lower index (``torch.topk``'s order in the
-  references); per-row selection without host syncs (the references loop over rows).
+* the mask token is never proposed (-inf logit); the references keep it in their softmax,
+  and so does the ``rng="reference"`` confidence below (the default one drops it, which can
+  move a confidence's last bits only when the mask logit is not far below the top one).
+* confidences and ties, two paths. Default (``rng="compact"``): the probability is
+  ``exp(z1 - lse)`` from the one-pass statistics (fused on a GPU), exact ties go to the lower
+  index (``topk_mask``: a stable sort), no host sync. The references differ on both: they take
+  a softmax and gather the token's entry (fp32 there can give 0.99999917 where
+  ``exp(z1 - lse)`` rounds to 1.0), then ``torch.topk`` per row, whose CPU order among equal
+  values is not the index order. With ``rng="reference"`` the library does what they do
+  (``samplers.proposals.ProposalMaker.reference_prob``, ``policies.base.reference_topk_mask``):
+  on the Gumbel path (LLaDA, Fast-dLLM) a softmax in the logits' dtype, then a gather, and for
+  every budgeted top-k ``torch.topk`` over the forward span's ``[L]`` confidences with
+  ``-inf`` where not eligible, one host read of the budget per step (eager only). Under
+  classifier-free guidance confidences saturate at exactly 1.0 and tie, and only this path
+  follows LLaDA's ``generate`` there. Fast-dLLM's float64 softmax is not reproduced (float32
+  on both paths); Dream's greedy confidence stays ``exp(z1 - lse)`` (its ties: ``torch.topk``).
 * LLaDA: MASK tokens inside the prompt are refused unless ``allow_prompt_masks=True`` (the
   reference silently lets them compete for commits); the EOS options are ``SamplerConfig``
   flags with the EOS / EoT ids taken from the model, not the hard-coded 126081 / 126348.
@@ -35,7 +47,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import random_scores, step_score, topk_mask
+from dllm_decode.policies.base import budget_mask, random_scores, step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
@@ -70,7 +82,7 @@ class TopK:
         score = step_score(state, self.score)
         budget = state.budget
         if not self.alg_temp:
-            return topk_mask(score, state.eligible, budget)
+            return budget_mask(state, score, state.eligible, budget)
         # sync (sampling mode only): the reference draws nothing when the budget is 0
         if int(budget.max()) == 0:
             return torch.zeros_like(state.eligible)
@@ -93,7 +105,7 @@ class RandomOrder:
     capabilities = Capabilities(proposal_fields=(), reads_masked_only=True)
 
     def select(self, state: StepState) -> Tensor:
-        return topk_mask(random_scores(state), state.eligible, state.budget)
+        return budget_mask(state, random_scores(state), state.eligible, state.budget)
 
 
 @dataclass(frozen=True)

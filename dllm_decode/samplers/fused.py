@@ -45,16 +45,19 @@ class SpanSelect:
 
 
 def span_selector(selector: Any, stopper: Any, truncator: Any, caps: Capabilities, *,
-                  on_step: Any, debug: bool, compile: bool | str) -> SpanSelect | None:
+                  on_step: Any, debug: bool, compile: bool | str,
+                  reference_order: bool = False) -> SpanSelect | None:
     """The ``SpanSelect`` of a generation whose steps may run ``fused_step`` (``None``: they
-    may not). Only exactly ``TopK(prob)`` without ``alg_temp`` and
+    may not). Only exactly ``TopK(prob)`` without ``alg_temp`` (not in the references' tie
+    order, ``reference_order``: that top-k runs in ``post_forward``) and
     ``Threshold(prob)`` (a subclass may override ``select``), and nothing that reads the
     canvas-wide step (stopper, truncator, ``on_step``, logits, debug checks); eager only
     (``compile=True`` captures ``post_forward``)."""
     if (stopper is not None or truncator is not None or on_step is not None or debug
             or compile or caps.needs_logits or caps.selector.proposes_after_select):
         return None
-    if type(selector) is TopK and selector.score is ScoreKind.PROB and not selector.alg_temp:
+    if type(selector) is TopK and selector.score is ScoreKind.PROB and not selector.alg_temp \
+            and not reference_order:
         return SpanSelect(topk_mask, needs_budget=True)
     if type(selector) is Threshold and selector.score is ScoreKind.PROB:
         tau = selector.tau

@@ -72,6 +72,9 @@ def unsupported(*, plan: ForwardPlan, cfg: Any, caps: Any, parts: tuple[Any, Any
         (plan.mode is CacheMode.WINDOW or type(plan) is not ForwardPlan,
          "cache='window' feeds per-row position sets whose width is read on the host"),
         (cfg.temperature > 0, "temperature > 0 draws from a torch.Generator each step"),
+        (cfg.rng == "reference" and sel.budgeted,
+         "rng='reference' selects the budgeted top-k with torch.topk on the host budget (the "
+         "reference decoders' tie order)"),
         (truncator is not None, "a truncator shortens rows on the host"),
         (sel.extra_forwards, "the policy runs extra forwards"),
         (sel.proposes_after_select, "the policy draws tokens after selection"),

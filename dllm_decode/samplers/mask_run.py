@@ -126,7 +126,7 @@ class MaskRun:
         self.edit_log: list[Tensor] = []  # [B, G] per step, stacked at the end
         self.fuse = None if self.tracker is not None else span_selector(
             selector, stopper, truncator, caps, on_step=on_step, debug=self.debug,
-            compile=self.compile)
+            compile=self.compile, reference_order=cfg.rng == "reference")
 
         memory = self.memory = init_memory_of(selector, b, length, device)
         self.pos_idx = torch.arange(length, device=device)
@@ -352,7 +352,8 @@ class MaskRun:
                 memory=self.memory, extras={"n_masked": self.n_masked, "lengths": self.lengths,
                                             "refresh": fed.refresh,
                                             "total_steps": self.total_steps},
-                model=self.step_model, refreshed=step_refreshed)
+                model=self.step_model, refreshed=step_refreshed,
+                reference_order=cfg.rng == "reference")
             ctl = dict(n_masked=self.n_masked, in_rows=in_rows, expected=expected,
                        last=i == n_commit - 1, stall_limit=stall_limit,
                        force_end=spans.get(bs, be) if i == n_commit - 1 and self.lo == p

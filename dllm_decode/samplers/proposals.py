@@ -27,7 +27,11 @@ class ProposalMaker:
     ``rng="reference"`` reproduces the reference decoders' random draws: LLaDA / Fast-dLLM draw
     a float64 uniform over the *whole forward* ``[B, fed_width, V]`` (Fast-dLLM's prefix loop
     twice per cached step); Dream draws Exp(1) noise ``[n_masked, V]`` over the masked positions
-    of all rows in row-major order (``torch.multinomial``'s algorithm).
+    of all rows in row-major order (``torch.multinomial``'s algorithm). With Gumbel sampling
+    it also computes ``prob`` as LLaDA's ``generate`` computes its confidence
+    (``reference_prob``: a softmax, then a gather, bit for bit the reference's value); the
+    default is ``exp(z - lse)`` from the one-pass statistics (fused on a GPU), which can round
+    differently (0.99999917 -> 1.0: a tie the reference does not have).
     """
 
     def __init__(self, model: Any, cfg: SamplerConfig, family: str,
@@ -51,6 +55,8 @@ class ProposalMaker:
         #: ``propose`` removes the column), for ``StepState.mask_logit``
         self.mask_logit: Tensor | None = None
         self.sampling = cfg.sampling or ("categorical" if family == "dream" else "gumbel")
+        #: ``prob`` as the reference computes it (``reference_prob``)
+        self.softmax_prob = cfg.rng == "reference" and self.sampling == "gumbel"
         #: the kernel implementation, resolved once here (not inside a compiled step); ``auto``
         #: never resolves to a kernel that would refuse this sampling (categorical: torch)
         self.impl = kernels.propose_impl(cfg.impl, generator.device, self.sampling)
@@ -85,6 +91,8 @@ class ProposalMaker:
         prop = propose(logits, temperature=temperature, sampling=self.sampling,
                        top_p=cfg.top_p, top_k=cfg.top_k, noise=noise, generator=self.generator,
                        fields=self.fields)
+        if self.softmax_prob:
+            return self.reference_prob(logits, prop)
         if cfg.confidence_eos_eot_inf and self.sampling == "gumbel":
             prop = self._demote_eos(logits, prop)
         return prop
@@ -95,7 +103,7 @@ class ProposalMaker:
         ``torch.compile`` traces, so that a compiled step never mutates its input (a mutated
         input makes Inductor skip CUDA graphs)."""
         removed = self._removed
-        if self.greedy:
+        if self.greedy or self.softmax_prob:
             self.mask_logit = logits[..., self.mask_id].clone()
         if removed.device != logits.device:
             removed = removed.to(logits.device)
@@ -143,8 +151,42 @@ class ProposalMaker:
             logits = self.edit(logits)
         b, r, v = logits.shape
         sub = logits.reshape(b * r, v).index_select(0, rows)
-        return reference.propose(sub, temperature=0.0, sampling=self.sampling, top_p=cfg.top_p,
+        prop = reference.propose(sub, temperature=0.0, sampling=self.sampling, top_p=cfg.top_p,
                                  top_k=cfg.top_k, fields=self.fields)
+        return self.reference_prob(logits, prop, rows) if self.softmax_prob else prop
+
+    def reference_prob(self, logits: Tensor, prop: Proposal, rows: Tensor | None = None
+                       ) -> Proposal:
+        """``prop`` with ``prob`` as LLaDA's ``generate`` (and Fast-dLLM's, up to its float64)
+        computes the confidence: ``softmax(logits)`` over V in the logits' dtype, then the
+        token's entry, over the logits as the reference holds them (the mask column at its raw
+        value; EOS at -inf with ``logits_eos_inf``; the demoted EOS / EoT with
+        ``confidence_eos_eot_inf``, as ``_demote_eos``).
+
+        Args:
+            logits: ``[B, R, V]`` after ``edit`` (whose raw mask column it kept).
+            prop: the proposal ``[B, R]``, or ``[K]`` for the flat ``rows [K]`` of
+                ``propose_rows``.
+        """
+        b, r, v = logits.shape
+        if rows is None:
+            z = logits.clone()
+            z[..., self.mask_id] = self.mask_logit
+        else:
+            z = logits.reshape(b * r, v).index_select(0, rows)
+            z[:, self.mask_id] = self.mask_logit.reshape(-1).index_select(0, rows)
+        if self.cfg.confidence_eos_eot_inf:
+            z[..., self._demoted()] = -torch.inf
+        prob = torch.softmax(z, dim=-1).gather(-1, prop.tokens[..., None])[..., 0]
+        return Proposal(prop.tokens, prob.float(), prop.get("margin"), prop.get("logit_margin"),
+                        prop.get("neg_entropy"), prop.argmax, prop.lse)
+
+    def _demoted(self) -> list[int]:
+        """The ids ``confidence_eos_eot_inf`` gives probability 0 (see ``_demote_eos``)."""
+        ids = [] if self.eot is None else [self.eot]
+        if self.cfg.temperature == 0 or not self.cfg.eos_eot_reference_asymmetry:
+            ids.append(self.eos)
+        return ids
 
     def distribution(self, logits: Tensor) -> Tensor:
         """``[..., V]`` logits -> the float32 distribution proposals are sampled from.
@@ -216,13 +258,8 @@ class ProposalMaker:
         at T = 0 both are the same tensor, so both are demoted, at T > 0 only EoT is
         (``eos_eot_reference_asymmetry``); the remaining probabilities renormalise.
         """
-        ids = []
-        if self.eot is not None:
-            ids.append(self.eot)
-        if self.cfg.temperature == 0 or not self.cfg.eos_eot_reference_asymmetry:
-            ids.append(self.eos)
         z = logits.double().clone()
-        z[..., ids] = -torch.inf
+        z[..., self._demoted()] = -torch.inf
         prob = torch.softmax(z, dim=-1).gather(-1, prop.tokens[..., None])[..., 0]
         return Proposal(prop.tokens, prob, prop.get("margin"), prop.get("logit_margin"),
                         prop.get("neg_entropy"), prop.argmax, prop.lse)

@@ -94,7 +94,8 @@ class DiffusionSampler:
             backend (``True``: Inductor). Compiled once per sampler, on the first
             ``generate`` (reuse the sampler). Tokens equal the eager loop's; ``bits`` may differ
             in the last float32 digits. Not for policies that run extra forwards or draw
-            data-dependent shapes (``rng="reference"`` sampling, Dream ``origin``): they raise.
+            data-dependent shapes (``rng="reference"`` sampling, Dream ``origin``) or read the
+            budget on the host (``rng="reference"`` with a budgeted policy): they raise.
         graphs: run each step (forward + the work after it) on static buffers
             (``samplers.graph``): on CUDA each step shape is captured once as a CUDA graph and
             replayed; on the CPU the same step runs eagerly (for tests). ``None`` (default):
@@ -202,11 +203,12 @@ class DiffusionSampler:
         if not self.compile:
             return post_forward
         sel = caps.selector
-        if sel.extra_forwards or (cfg.temperature > 0 and cfg.rng == "reference") or \
-                sel.proposes_after_select:
+        reference = cfg.rng == "reference" and (cfg.temperature > 0 or sel.budgeted)
+        if sel.extra_forwards or reference or sel.proposes_after_select:
             raise ValueError(f"compile=True does not support policy {self.policy.name!r} with "
                              "these settings (extra forwards, or rng='reference' sampling with "
-                             "data-dependent shapes); use compile=False")
+                             "data-dependent shapes or a budgeted top-k in the reference's tie "
+                             "order, which reads its budget on the host); use compile=False")
         if self._compiled is None or self._compiled[0] != device.type:
             backend = "inductor" if self.compile is True else str(self.compile)
             self._compiled = (device.type, compile_step(device, backend))
