@@ -9,8 +9,9 @@ launcher, the scheduler and tensor-parallel workers, which are spawned), so that
         --dllm-algorithm DllmDecode --dllm-algorithm-config policy.yaml
 
 with ``policy.yaml`` naming the policy as the CLI does (``spec``). Modules: ``spec`` (the YAML,
-resolved and checked; no SGLang import), ``block`` (per-request block state and the step; no
-SGLang import), ``algorithm`` (the ``DllmAlgorithm`` subclass; imports SGLang).
+resolved and checked), ``block`` (per-request block state and the step), ``views`` (what a
+policy sees besides the proposal) — none imports SGLang — and ``algorithm`` (the
+``DllmAlgorithm`` subclass; imports SGLang).
 """
 
 from __future__ import annotations

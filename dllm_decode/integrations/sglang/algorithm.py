@@ -69,7 +69,9 @@ class DllmDecodeAlgorithm(DllmAlgorithm):
         all of it)."""
         hf_config = model_runner.model_config.hf_config
         model = getattr(model_runner, "model", None)
-        head = getattr(model, "lm_head", None) or getattr(model, "head", None)
+        head = getattr(model, "lm_head", None)  # SGLang's models; the library's: ``head``
+        if head is None:
+            head = getattr(model, "head", None)
         weight = getattr(head, "weight", None)
         vocab = getattr(hf_config, "vocab_size", None)
         if getattr(model_runner, "tp_size", 1) != 1 or weight is None or \

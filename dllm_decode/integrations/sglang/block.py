@@ -17,7 +17,7 @@ while they edit, at most ``max_post_steps`` (``samplers.editing``'s rule).
 State is per request (``RequestBlock``, carried by SGLang between first-done-first-out rounds
 in any row order). The host integers of a ``StepState`` (block step, steps left, progress,
 time grid) are per row; rows that share them are decided in one call, and all rows in one call
-when the policy reads none of those that differ (``watch``: the state records what is read,
+when the policy reads none of those that differ (the state records what is read (``views.Watched``),
 and a call that read a differing value, or drew from the generator, is redone per group / per
 request). Policies with per-request memory or sampling run one request per call, with the
 request's memory and generator, so every tensor-parallel rank decides identically and a
@@ -26,23 +26,28 @@ request's tokens do not depend on its batch.
 
 from __future__ import annotations
 
-import hashlib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
 from dllm_decode.integrations.sglang.spec import ServedModel, ServingSpec, refuse_unservable
+from dllm_decode.integrations.sglang.views import (
+    ServedStepModel,
+    Watched,
+    WatchedExtras,
+    check_mask,
+    index_of,
+    request_seed,
+    take_rows,
+)
 from dllm_decode.policies.base import bind_of, init_memory_of
 from dllm_decode.policies.capabilities import policy_capabilities
 from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.contract import PolicyContractError
 from dllm_decode.samplers.proposals import ProposalMaker, widen
 from dllm_decode.types import Proposal, Selection, StepState
-
-#: ``StepState`` host fields that differ between rows at different steps of their blocks
-STEP_FIELDS = frozenset({"step", "block_step", "steps_left", "progress", "times"})
 
 
 @dataclass
@@ -78,61 +83,6 @@ class RequestBlock:
     def key(self, timed: bool) -> tuple[int, int]:
         """The host integers its ``StepState`` is built from: step and schedule length."""
         return self.step, self.n_commit if timed else self.open
-
-
-@dataclass
-class _Watched(StepState):
-    """A ``StepState`` that records which of ``STEP_FIELDS`` a policy read."""
-
-    reads: set[str] = field(default_factory=set, repr=False, compare=False)
-
-    def __getattribute__(self, name: str) -> Any:
-        if name in STEP_FIELDS:
-            object.__getattribute__(self, "reads").add(name)
-        return object.__getattribute__(self, name)
-
-
-class _WatchedExtras(dict):
-    """``StepState.extras`` of a watched state: reading ``total_steps`` (a row's schedule
-    length, like ``progress``) is recorded as reading ``progress``."""
-
-    def __init__(self, reads: set[str], items: dict[str, Any]) -> None:
-        super().__init__(items)
-        self._reads = reads
-
-    def __getitem__(self, key: str) -> Any:
-        self._note(key)
-        return super().__getitem__(key)
-
-    def get(self, key: str, default: Any = None) -> Any:
-        self._note(key)
-        return super().get(key, default)
-
-    def _note(self, key: str) -> None:
-        if key == "total_steps":
-            self._reads.add("progress")
-
-
-class _ServedStepModel:
-    """``StepState.model`` inside SGLang: the sampling distribution; no extra forwards (those
-    policies are refused at server start)."""
-
-    def __init__(self, served: ServedModel, maker: ProposalMaker) -> None:
-        self.mask_token_id, self.eos_token_ids = served.mask_token_id, served.eos_token_ids
-        self.block_size, self._maker = served.block_size, maker
-
-    def forward(self, *args: Any, **kwargs: Any) -> Tensor:
-        raise ValueError("extra model forwards are not available inside SGLang (one forward "
-                         "per step); decode this policy with DiffusionSampler")
-
-    @property
-    def positions(self) -> Tensor:
-        raise ValueError("StepState.model.positions is not available inside SGLang")
-
-    valid = positions
-
-    def probs(self, logits: Tensor) -> Tensor:
-        return self._maker.distribution(logits)
 
 
 class BlockDecoder:
@@ -176,7 +126,7 @@ class BlockDecoder:
         maker = self.maker = ProposalMaker(served, cfg, served.family, self.probe)
         maker.fields = caps.proposal_fields
         maker.greedy = caps.selector.samples_tokens
-        self.step_model = _ServedStepModel(served, maker)
+        self.step_model = ServedStepModel(served, maker)
         self.rows = torch.arange(self.k, device=device)
         self.fill_id = served.eos_token_ids[0] if served.eos_token_ids else self.mask_id
         self.has_memory = init_memory_of(self.selector, 1, self.k, device) is not None
@@ -304,7 +254,7 @@ class BlockDecoder:
         """
         sts = [states[r] for r in rows]
         st0, b, k, device = sts[0], len(rows), self.k, ids.device
-        idx = None if rows == list(range(ids.shape[0])) else _index(rows, device)
+        idx = None if rows == list(range(ids.shape[0])) else index_of(rows, device)
 
         def take(t: Tensor | None) -> Tensor | None:
             return t if t is None or idx is None else t.index_select(0, idx)
@@ -318,7 +268,7 @@ class BlockDecoder:
         generator = self._generator(st0, device) if row_mode else probe
         drawn = probe.get_state()
         step_logits = take(logits)
-        prop = self._propose(step_logits, generator) if shared is None else _take(shared, idx)
+        prop = self._propose(step_logits, generator) if shared is None else take_rows(shared, idx)
         full = widen(prop, canvas, self.rows, live=fresh)  # prompt positions unscored
         budget = None
         if self.timed:
@@ -346,8 +296,8 @@ class BlockDecoder:
             refreshed=torch.full((b,), i == 0, device=device), model=self.step_model,
             editable=editable, mask_logit=take(mask_logit) if self.maker.greedy else None)
         if watch:
-            state = _Watched(**fields)
-            state.extras = _WatchedExtras(state.reads, fields["extras"])
+            state = Watched(**fields)
+            state.extras = WatchedExtras(state.reads, fields["extras"])
         else:
             state = StepState(**fields)
         new, commit, edit = self._commit(state, canvas, plan[:, 2] > 0)
@@ -378,7 +328,7 @@ class BlockDecoder:
         chosen = self.selector.select(state)
         sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
         eligible, prop = state.eligible, state.proposal
-        _check_mask(sel.commit, eligible, "select() commit mask", self.spec.policy.name)
+        check_mask(sel.commit, eligible, "select() commit mask", self.spec.policy.name)
         commit = (sel.commit & eligible) | (eligible & last[:, None])
         edit = None
         if sel.edit is not None:
@@ -386,7 +336,7 @@ class BlockDecoder:
                 raise PolicyContractError(
                     f"policy {self.spec.policy.name!r} returned Selection.edit without "
                     "declaring it: capabilities = Capabilities(edits=True)")
-            _check_mask(sel.edit, eligible, "Selection.edit", self.spec.policy.name)
+            check_mask(sel.edit, eligible, "Selection.edit", self.spec.policy.name)
             edit = sel.edit & state.editable
         write = commit if edit is None else commit | edit
         tokens = prop.tokens if sel.tokens is None else torch.where(write, sel.tokens,
@@ -431,38 +381,3 @@ class BlockDecoder:
             return maker.propose(logits, None, self.rows, None, 0, edited=True)
         finally:
             maker.generator = self.probe
-
-
-def request_seed(base: int, rid: str, block_start: int) -> int:
-    """A request's seed for the block at ``block_start``: a stable 63-bit hash of the config's
-    seed, the request id and the block position (the same on every rank and in any batch)."""
-    text = f"{base}:{rid}:{block_start}".encode()
-    return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
-
-
-def _index(rows: list[int], device: torch.device) -> Tensor:
-    """``rows`` as an index tensor on ``device`` (an asynchronous copy from pinned memory)."""
-    host = torch.tensor(rows, dtype=torch.long, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
-
-
-def _take(prop: Proposal, idx: Tensor | None) -> Proposal:
-    """The rows ``idx`` of a ``Proposal`` (every field it has)."""
-    if idx is None:
-        return prop
-
-    def t(x: Tensor | None) -> Tensor | None:
-        return None if x is None else x.index_select(0, idx)
-
-    return Proposal(t(prop.tokens), t(prop.prob), t(prop.get("margin")),
-                    t(prop.get("logit_margin")), t(prop.get("neg_entropy")), t(prop.argmax),
-                    t(prop.lse))
-
-
-def _check_mask(mask: Any, eligible: Tensor, what: str, policy: str) -> None:
-    """Host-side: ``mask`` must be a bool tensor shaped like ``eligible``."""
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != eligible.shape:
-        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else \
-            type(mask).__name__
-        raise PolicyContractError(f"policy {policy!r}: {what} must be bool "
-                                  f"{tuple(eligible.shape)}, got {got}")
