@@ -246,7 +246,8 @@ def serve_both(ours: dict, builtin: tuple[str, type, dict], *, fdfo: bool,
                                                                          fdfo=fdfo))),
                        ("builtin", lambda: builtin[1](dllm_config(builtin[0], builtin[2],
                                                                    fdfo=fdfo)))):
-        reqs = requests(PROMPTS, max_new=10)
+        literal = {"f": [5, 6, 7, 8, 9, MASK]} if prompt_mask else {}  # a mask id in the prompt
+        reqs = requests(PROMPTS | literal, max_new=10)
         late = requests({"e": [19, 20, 21, 22, 23]}, max_new=6)
         runner = ScriptedRunner(synthetic_logits(VOCAB, MASK), SDAR_CONFIG)
         serve(make(), runner, reqs, k=K, mask_id=MASK, stop_ids=(EOS,), fdfo=fdfo,
