@@ -147,12 +147,12 @@ def measure(model: Any, cfg: dict[str, Any], graphs: bool, n: int, rates: tuple[
             weight_bytes: int, n_params: int) -> dict[str, tuple[float, float, float]]:
     """The metrics of one setting (``{metric: (p20, p50, p80)}``)."""
     device = next(model.parameters()).device
-    b, p, g, tpf = cfg["B"], cfg["P"], cfg["G"], cfg["tpf"]
+    b, p, g, k = cfg["B"], cfg["P"], cfg["G"], cfg["k"]  # k: tokens per step
     vocab = model.spec.vocab_size
     gen = torch.Generator().manual_seed(0)
     prompts = [torch.randint(0, vocab - 2, (b, p), generator=gen).to(device) for _ in range(2)]
     sampler = DiffusionSampler(model, "low_confidence", cfg["cache"], gen_length=g,
-                               block_length=cfg["K"], steps=g // tpf,
+                               block_length=cfg["K"], steps=g // k,
                                graphs=graphs)
     # warm-up windows: the first run of a step key is eager, the second captures it
     for i in range(2 if graphs else 1):
@@ -162,7 +162,7 @@ def measure(model: Any, cfg: dict[str, Any], graphs: bool, n: int, rates: tuple[
     ms = ((stamps[1:] - stamps[:-1]) * 1e3).tolist()[:len(win.refresh)]
     steps = [t for t, r in zip(ms, win.refresh, strict=True) if not r] or ms
     refresh = [t for t, r in zip(ms, win.refresh, strict=True) if r]
-    per_block = cfg["K"] // tpf
+    per_block = cfg["K"] // k
     step = pct(steps)[1]
     fwd = step if not refresh else (pct(refresh)[1] + (per_block - 1) * step) / per_block
     wall = sum(ms)
@@ -170,7 +170,7 @@ def measure(model: Any, cfg: dict[str, Any], graphs: bool, n: int, rates: tuple[
     if refresh:
         out["ms_per_refresh"] = pct(refresh)
     out["ms_per_forward"] = (fwd,) * 3
-    out["tokens_per_s"] = (b * tpf / (fwd / 1e3),) * 3  # one forward commits B x tpf tokens
+    out["tokens_per_s"] = (b * k / (fwd / 1e3),) * 3  # one forward commits B x k tokens
     if device.type == "cuda":
         busy, kernels = profile_window(sampler, prompts[1], n)
         out["gpu_busy_ms_per_forward"] = (busy / len(ms),) * 3
@@ -228,21 +228,21 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.perf_counter()
     for cache in args.caches:
         for b in args.batch:
-            for tpf in args.tokens_per_step:
+            for k in args.tokens_per_step:
                 for g in args.gen_length:
                     cfg = dict(cache=cache, B=b, P=args.prompt_length, G=g,
-                               K=args.block_length, tpf=tpf)
+                               K=args.block_length, k=k)
                     for mode in args.graphs:
                         on = mode == "on"
                         metrics = measure(model, cfg, on, args.forwards, rates, weight_bytes,
                                           n_params)
                         print(f"[{time.perf_counter() - t0:6.1f}s] {cache:<6} B={b:<3} "
-                              f"tpf={tpf} G={g:<5} graphs={mode:<3} "
+                              f"tokens/step={k} G={g:<5} graphs={mode:<3} "
                               f"{metrics['ms_per_forward'][1]:8.2f} ms/forward "
                               f"{metrics['tokens_per_s'][1]:9.1f} tok/s", flush=True)
                         for metric, (p20, p50, p80) in metrics.items():
                             rows.append(dict(
-                                suite="gpu", name=f"{shape}-{layers}L-tpf{tpf}",
+                                suite="gpu", name=f"{shape}-{layers}L-k{k}",
                                 provider=("graphs" if cuda else "static") if on else "eager",
                                 policy="low_confidence",
                                 cache=cache, B=b, P=args.prompt_length, G=g,

@@ -1,6 +1,6 @@
 """Kernel launches per decoder layer, per family x cache mode x path.
 
-Counted on the CPU with the torch profiler (``dllm_decode.models.launches``): every layer
+Counted on the CPU with the torch profiler (``dllm_decode.diagnostics.launches``): every layer
 call of a batch-1 decode (prompt 4, gen 8, block 4, ``low_confidence``; the cache refreshes
 and the cached steps alike). Paths:
 
@@ -28,7 +28,7 @@ if not torch.cuda.is_available():  # Triton kernels run in the interpreter here
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 from dllm_decode.bench import environment, write_csv  # noqa: E402
-from dllm_decode.models.launches import layer_launches  # noqa: E402
+from dllm_decode.diagnostics.launches import layer_launches  # noqa: E402
 from dllm_decode.models.loading import build_model  # noqa: E402
 from dllm_decode.types import Impl  # noqa: E402
 

@@ -1,5 +1,6 @@
 """Method benchmark: S2D2 vs its base rule (SDAR-style) and Window-Diffusion vs low-confidence
-(LLaDA-style): NFE, tokens per forward, wall time, agreement with the exact decoder; CSV rows.
+(LLaDA-style): NFE, tokens per forward (answer tokens up to EOS per forward, ``dllm_decode.speed``)
+and tokens per step (gen length / NFE), wall time, agreement with the exact decoder; CSV rows.
 
 S2D2: Han et al., arXiv 2603.25702. Window-Diffusion: Zuo et al., arXiv 2601.20332.
 
@@ -27,6 +28,7 @@ import torch
 from dllm_decode import DiffusionSampler
 from dllm_decode.bench import environment, pct, timed, write_csv
 from dllm_decode.models.loading import build_model, bundled_models, load_model
+from dllm_decode.speed import TPF_UNIT, generation_tpf, model_stop_ids
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -103,7 +105,9 @@ def run_suite(family: str, cases: list[Case], *, batch: int, prompt: int, gen: i
         nfe = float(out.nfe.double().mean())
         metrics: list[tuple[str, str, float]] = [
             ("forwards", "forwards", float(out.forwards)), ("nfe", "forwards/row", nfe),
-            ("tpf", "tokens/forward", gen / max(nfe, 1.0)), ("steps", "steps", float(out.steps)),
+            ("tpf", TPF_UNIT, generation_tpf(out, model_stop_ids(model))[0]),
+            ("tokens_per_step", "gen tokens/forward", gen / max(nfe, 1.0)),
+            ("steps", "steps", float(out.steps)),
         ]
         if case.reference is not None:
             ref = outputs[case.reference]
@@ -141,8 +145,8 @@ def main() -> None:
                       gen=args.llada_gen_length, repeats=args.repeats)
     write_csv(rows, args.out)
     for r in rows:
-        if r["metric"] in ("end_to_end", "forwards", "tpf", "agreement", "accepted_per_verify",
-                           "verify_rate"):
+        if r["metric"] in ("end_to_end", "forwards", "tpf", "tokens_per_step", "agreement",
+                           "accepted_per_verify", "verify_rate"):
             print(f"{r['name']:>28} {r['policy']:>28} {r['metric']:>20}: {r['p50']:.4g} "
                   f"{r['unit']}")
     print(f"rows appended to {args.out}")

@@ -6,6 +6,11 @@ every op is a kernel launch on a GPU). Models: the bundled ``tiny-llada`` (2 lay
 and ``tiny-sdar`` (block-causal), and the 4-layer d=256 random model of ``bench_decode.py``
 (``--models``). ``--compile`` adds ``DiffusionSampler(compile=True)`` rows; ``--scaling``
 writes the G-scaling table (forward attention vs rest, refresh, loop per generated token).
+``--step-programs`` times the three programs of "the work after the forward" on the same cells
+(``fused``: ``samplers.fused.fused_step``, the eager default for ``TopK(prob)`` /
+``Threshold(prob)``; ``generic``: ``samplers.step.post_forward``, every policy; ``static``:
+``samplers.static_step`` run eagerly on its static buffers, ``graphs=True``, what a CUDA graph
+captures), with their tokens checked equal (``step_programs.csv``).
 ``--reference`` compares the whole decode with the public reference loops on the same weights
 (LLaDA ``generate``, Fast-dLLM's three loops, Dream ``diffusion_generate``; tokens must be
 identical; ``overhead_reference.py``); they run only where ``DLLM_REF_PYTHON`` names a Python
@@ -14,6 +19,8 @@ otherwise the comparison is skipped and the reason printed.
 
     OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --models tiny bench4
     OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --scaling --gen-length 128 256 512 1024
+    OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --step-programs --models tiny bench4 \
+        --policies low_confidence threshold
     OMP_NUM_THREADS=1 python benchmarks/bench_overhead.py --reference --models conformance tiny \
         bench4 --gen-length 64 --block-length 16
 """
@@ -21,7 +28,9 @@ otherwise the comparison is skipped and the reason printed.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import tempfile
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +39,7 @@ import torch
 from dllm_decode.bench import BENCH_CONFIG, environment, write_csv
 from dllm_decode.models.loading import build_model, load_model
 from dllm_decode.overhead import measure_overhead
+from dllm_decode.samplers import mask_run
 from dllm_decode.samplers.sampler import DiffusionSampler
 
 RESULTS = Path(__file__).parent / "results"
@@ -71,8 +81,15 @@ def reference_env() -> tuple[bool, str]:
     return probe()
 
 
+#: step program -> ``DiffusionSampler`` keywords (``generic``: the fused step switched off)
+STEP_PROGRAMS: dict[str, dict[str, Any]] = {
+    "fused": {"graphs": False}, "generic": {"graphs": False}, "static": {"graphs": True},
+}
+
+
 def cell_rows(env: Any, model_name: str, model: Any, cache: str, family: str,
-              compile_: bool, g: int, block: int, repeats: int) -> tuple[list[dict], Any]:
+              compile_: bool, g: int, block: int, repeats: int, program: str | None = None
+              ) -> tuple[list[dict], Any, torch.Tensor]:
     preset, params = POLICIES[family]
     torch.manual_seed(0)
     vocab = model.vocab_size
@@ -80,17 +97,21 @@ def cell_rows(env: Any, model_name: str, model: Any, cache: str, family: str,
     steps = {"steps": g} if family in ("low_confidence", "entropy", "sched") else {}
 
     def make(m: Any) -> DiffusionSampler:
-        kw = dict(params)
+        kw = dict(params, **STEP_PROGRAMS.get(program, {}))
         if compile_:
             kw["compile"] = True
         block_kw = {} if cache == "block_causal" else {"block_length": block}
         return DiffusionSampler(m, preset, cache=cache, gen_length=g, **block_kw, **steps, **kw)
 
-    o = measure_overhead(make, model, prompt, repeats=repeats)
+    with _generic_step(program == "generic"):
+        o = measure_overhead(make, model, prompt, repeats=repeats)
+        tokens = make(model).generate(prompt).tokens
     name = f"{model_name}{'+compile' if compile_ else ''}"
     base = dict(suite="overhead", name=name, provider="dllm_decode", policy=family, cache=cache,
                 B=1, P=prompt.shape[1], G=g, K=block, V=vocab, device=env.device,
                 torch=env.torch, triton=env.triton, commit=env.commit, timestamp=env.timestamp)
+    if program is not None:  # the fixed row schema has no column for it: the provider names it
+        base["provider"] = f"dllm_decode:{program}_step"
     rows = []
     for metric, unit, v in (("model_per_step", "ms", o.model_ms),
                             ("loop_per_step", "ms", o.loop_ms),
@@ -98,7 +119,43 @@ def cell_rows(env: Any, model_name: str, model: Any, cache: str, family: str,
                             ("loop_kernels_per_step", "ops", o.loop_kernels),
                             ("steps", "count", o.steps), ("forwards", "count", o.forwards)):
         rows.append({**base, "metric": metric, "unit": unit, "p20": v, "p50": v, "p80": v})
-    return rows, o
+    return rows, o, tokens
+
+
+@contextlib.contextmanager
+def _generic_step(on: bool) -> Iterator[None]:
+    """Switch ``samplers.fused`` off (every step runs ``post_forward``) while ``on``."""
+    if not on:
+        yield
+        return
+    real = mask_run.span_selector
+    mask_run.span_selector = lambda *args, **kwargs: None
+    try:
+        yield
+    finally:
+        mask_run.span_selector = real
+
+
+def step_program_rows(env: Any, args: Any) -> list[dict]:
+    """Every cell once per step program; the tokens must agree across programs."""
+    rows: list[dict] = []
+    print("| model | cache | policy | step program | loop ms/step | loop ops/step |")
+    print("|---|---|---|---|---|---|")
+    for name, bidir, causal in models(args.models):
+        for cache in args.caches:
+            model = causal if cache == "block_causal" else bidir
+            for family in args.policies:
+                tokens = {}
+                for program in STEP_PROGRAMS:
+                    rs, o, tokens[program] = cell_rows(env, name, model, cache, family, False,
+                                                       args.gen_length[0], args.block_length,
+                                                       args.repeats, program)
+                    rows += rs
+                    print(f"| {name} | {cache} | {family} | {program} | {o.loop_ms:.3f} | "
+                          f"{o.loop_ops:.1f} |", flush=True)
+                if any(not torch.equal(t, tokens["generic"]) for t in tokens.values()):
+                    raise SystemExit(f"{name} {cache} {family}: the step programs disagree")
+    return rows
 
 
 def scaling_rows(env: Any, gens: list[int], repeats: int) -> list[dict]:
@@ -172,6 +229,8 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--compile", action="store_true", help="also DiffusionSampler(compile=True)")
     ap.add_argument("--scaling", action="store_true", help="the G-scaling table only")
+    ap.add_argument("--step-programs", action="store_true",
+                    help="fused vs generic vs static step per cell (step_programs.csv)")
     ap.add_argument("--reference", action="store_true",
                     help="only the comparison with the reference loops (models: conformance, "
                          "tiny, bench4)")
@@ -185,6 +244,9 @@ def main() -> None:
     if args.scaling:
         write_csv(scaling_rows(env, args.gen_length, args.repeats),
                   args.out.with_name("overhead_scaling.csv"))
+        return
+    if args.step_programs:
+        write_csv(step_program_rows(env, args), args.out.with_name("step_programs.csv"))
         return
     ok, why = reference_env()
     if args.reference:
@@ -208,8 +270,8 @@ def main() -> None:
             model = causal if cache == "block_causal" else bidir
             for family in args.policies:
                 for compile_ in ((False, True) if args.compile else (False,)):
-                    rs, o = cell_rows(env, name, model, cache, family, compile_,
-                                      args.gen_length[0], args.block_length, args.repeats)
+                    rs, o, _ = cell_rows(env, name, model, cache, family, compile_,
+                                         args.gen_length[0], args.block_length, args.repeats)
                     rows += rs
                     tag = f"{name}{'+compile' if compile_ else ''}"
                     print(f"| {tag} | {cache} | {family} | {o.steps} | {o.model_ms:.3f} | "

@@ -1,4 +1,5 @@
-"""Decoding methods on held-out ParallelBench-style tasks: accuracy, NFE, TPF, wall time.
+"""Decoding methods on held-out ParallelBench-style tasks: accuracy, NFE, tokens per forward
+(answer tokens up to EOS per forward), tokens per step (gen length / NFE), wall time.
 
 Runs a sweep grid through the library's runner (``dllm_decode.eval.runner.run_grid``) on a
 bundled checkpoint or on the exact oracle model (``--model oracle``: the exact conditional of
@@ -26,6 +27,7 @@ from pathlib import Path
 from dllm_decode.eval.analyze import policy_label
 from dllm_decode.eval.parallelbench.grid import load_grid
 from dllm_decode.eval.runner import load_records, run_grid, sampler_decode_fn
+from dllm_decode.speed import tokens_per_forward
 
 RESULTS = Path(__file__).parent / "results"
 
@@ -63,7 +65,10 @@ def summarise(rows_path: Path) -> list[dict]:
         nfe = sum(r["nfe"] for r in rows) / n
         out.append(dict(policy=policy, params=params, steps=steps, task=task, n=n,
                         accuracy=sum(r["score"] for r in rows) / n, nfe=nfe,
-                        tpf=sum(r["gen_tokens_budget"] for r in rows) / n / max(nfe, 1e-9),
+                        tpf=tokens_per_forward([r["gen_tokens_useful"] for r in rows],
+                                               [r["nfe"] for r in rows]),
+                        tokens_per_step=sum(r["gen_tokens_budget"] for r in rows) / n
+                        / max(nfe, 1e-9),
                         wall_s=sum(r["wall_time_s"] for r in rows) / n))
     return out
 
@@ -72,14 +77,15 @@ def table(summary: list[dict]) -> str:
     by_cfg: dict[tuple, list[dict]] = defaultdict(list)
     for s in summary:
         by_cfg[(s["policy"], s["params"], s["steps"])].append(s)
-    lines = ["| policy | params | steps | accuracy (mean over tasks) | NFE | TPF |",
-             "|---|---|---|---|---|---|"]
+    lines = ["| policy | params | steps | accuracy (mean over tasks) | NFE | tokens/forward "
+             "| tokens/step |", "|---|---|---|---|---|---|---|"]
     for (policy, params, steps), ss in by_cfg.items():
         acc = sum(s["accuracy"] for s in ss) / len(ss)
         nfe = sum(s["nfe"] for s in ss) / len(ss)
         tpf = sum(s["tpf"] for s in ss) / len(ss)
+        per_step = sum(s["tokens_per_step"] for s in ss) / len(ss)
         lines.append(f"| {policy} | {params} | {steps} | {100 * acc:.1f} | {nfe:.2f} | "
-                     f"{tpf:.2f} |")
+                     f"{tpf:.2f} | {per_step:.2f} |")
     return "\n".join(lines)
 
 

@@ -4,11 +4,12 @@ For every model and method config, ``--n`` held-out prompts (test split, ``--see
 the nine test-bed Waiting Line tasks (lists of 3-5 names, gen length 16, one block, greedy)
 are decoded with the library's ``DiffusionSampler``; an answer counts when it is one of the
 record's valid answers (ParallelBench's rule). Per config: mean accuracy over tasks with a 95 %
-bootstrap interval (prompts resampled within each task), NFE, TPF = gen length / NFE, and a
-paired bootstrap test of the difference to the one-token-per-step baseline on the same
-prompts. Per method family (a parameter sweep): AUP over its (TPF, accuracy) points, anchored
-at the baseline. Writes ``results/<tag>.csv``, ``results/<tag>.md`` and
-``results/<tag>_pareto.png`` (``--tag``, default ``testbed_methods``).
+bootstrap interval (prompts resampled within each task), NFE, tokens per step = gen length / NFE
+(the budget per forward, EOS fill included: ParallelBench's x axis), and a paired bootstrap test
+of the difference to the one-token-per-step baseline on the same prompts. Per method family (a
+parameter sweep): AUP over its (tokens per step, accuracy) points, anchored at the baseline.
+Writes ``results/<tag>.csv``, ``results/<tag>.md`` and ``results/<tag>_pareto.png`` (``--tag``,
+default ``testbed_methods``).
 
 Run time: about 13 minutes on 2 CPU cores for the default three models at ``--n 50`` (36
 configs each); every config prints a line as it finishes, with the elapsed time and an
@@ -84,6 +85,21 @@ CONFIGS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("window_dream", "W8/A2/R4", "window_dream", {"steps": 16, **WINDOW}),
     ("sched+threshold", "tau=0.9, tau_low=2.5", "sched", {"base": "threshold", "tau": 0.9}),
     ("threshold+eotp", "tau=0.9", "threshold+eotp", {"tau": 0.9}),
+    # the 2026 training-free methods (methods-2026.md); add a method's rows here and run
+    # ``--only FAMILY ...`` to merge them into an existing table
+    ("frechet", "delta=0.02", "frechet", {"delta": 0.02}),
+    ("frechet", "delta=0.1", "frechet", {"delta": 0.1}),
+    ("frechet", "delta=0.25", "frechet", {"delta": 0.25}),
+    ("frechet", "delta=0.5", "frechet", {"delta": 0.5}),
+    ("credit", "tau=0.9", "credit", {"tau": 0.9}),
+    ("credit", "tau=0.7", "credit", {"tau": 0.7}),
+    ("credit+frechet", "delta=0.25", "credit", {"base": "frechet", "delta": 0.25}),
+    ("credit+eb", "gamma=0.1", "credit", {"base": "eb", "gamma": 0.1}),
+    ("credit+sched", "tau=0.9, tau_low=2.5", "credit+sched", {"tau": 0.9, "tau_low": 2.5}),
+    ("dus", "a=2 (4 levels)", "dus", {"base": 2}),
+    ("dus", "a=4 (2 levels)", "dus", {"base": 4}),
+    ("dus", "a=2, skip < 0.3", "dus", {"base": 2, "threshold": 0.3}),
+    ("dus", "a=2, confidence order", "dus", {"base": 2, "order": "confidence"}),
 ]
 
 
@@ -100,9 +116,14 @@ def load(name: str) -> Any:
 def policy_of(policy: str, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
     if policy == "threshold+eotp":
         from dllm_decode.policies.learn2pd import with_eotp
-        from dllm_decode.policies.registry import make_policy
+        from dllm_decode.policies.resolve import make_policy
 
         return with_eotp(make_policy("threshold", tau=kwargs["tau"])), {}
+    if policy == "credit+sched":  # the fused scores under SchED's stopper
+        from dllm_decode.policies.resolve import compose
+
+        return compose("credit", stopper="sched", params={
+            "tau": kwargs["tau"], "stopper.tau_low": kwargs["tau_low"]}), {}
     return policy, kwargs
 
 
@@ -143,7 +164,7 @@ def summarise(rows: dict[str, list[dict[str, Any]]], base: torch.Tensor | None,
     boot = stratified_means(valid, t, torch.Generator().manual_seed(0), draws)
     out = {"acc": 100 * valid.view(t, -1).mean(-1).mean().item(),
            "ci_lo": 100 * boot.quantile(0.025).item(), "ci_hi": 100 * boot.quantile(0.975).item(),
-           "nfe": nfe.mean().item(), "tpf": G / nfe.mean().item(),
+           "nfe": nfe.mean().item(), "tokens_per_step": G / nfe.mean().item(),
            "tasks": {task: 100 * sum(r["valid"] for r in rows[task]) / len(rows[task])
                      for task in TESTBED_TASKS}, "valid": valid}
     if base is not None:  # paired: the same resampled prompts for both configs
@@ -162,15 +183,28 @@ def commit() -> str:
         return "unknown"
 
 
-def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
+def selected(only: list[str] | None) -> list[tuple[str, str, Any, dict[str, Any]]]:
+    """``CONFIGS``, or the baseline (always first: the paired test needs it) and the
+    families in ``only``."""
+    if not only:
+        return CONFIGS
+    unknown = sorted(set(only) - {c[0] for c in CONFIGS})
+    if unknown:
+        raise SystemExit(f"--only: unknown families {unknown}; add their rows to CONFIGS")
+    return [CONFIGS[0]] + [c for c in CONFIGS[1:] if c[0] in only]
+
+
+def run(models: list[str], n: int, seed: int,
+        only: list[str] | None = None) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
     oracle = waiting_line_oracle()  # codec (encode/decode) of every test-bed model
     out = []
-    total, done, start = len(models) * len(CONFIGS), 0, time.perf_counter()
+    configs = selected(only)
+    total, done, start = len(models) * len(configs), 0, time.perf_counter()
     for name in models:
         model = load(name)
         base = None
-        for family, label, policy, kwargs in CONFIGS:
+        for family, label, policy, kwargs in configs:
             done += 1
             reason = skip_reason(model, policy)
             if reason is not None:
@@ -187,7 +221,7 @@ def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
                         "params": json.dumps(kwargs), "n_per_task": n, "seed": seed,
                         "acc": round(s["acc"], 2), "ci_lo": round(s["ci_lo"], 2),
                         "ci_hi": round(s["ci_hi"], 2), "nfe": round(s["nfe"], 3),
-                        "tpf": round(s["tpf"], 3),
+                        "tokens_per_step": round(s["tokens_per_step"], 3),
                         "diff_lo": round(s.get("diff_lo", 0.0), 2),
                         "diff_hi": round(s.get("diff_hi", 0.0), 2),
                         "significant": s.get("significant", False),
@@ -199,7 +233,8 @@ def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
             r = out[-1]
             print(f"{progress(done, total, start)} {name:14s} {family:18s} {label:22s} "
                   f"acc {r['acc']:6.2f} "
-                  f"[{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] NFE {r['nfe']:6.2f} TPF {r['tpf']:5.2f}"
+                  f"[{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] NFE {r['nfe']:6.2f} tokens/step "
+                  f"{r['tokens_per_step']:5.2f}"
                   f"{' *' if r['significant'] else ''}", flush=True)
     return out
 
@@ -212,15 +247,16 @@ def progress(done: int, total: int, start: float) -> str:
 
 
 def aup_table(rows: list[dict[str, Any]]) -> dict[tuple[str, str], float]:
-    """AUP per (model, method family): the family's (TPF, acc) points plus the baseline
+    """AUP per (model, method family): the family's (tokens per step, acc) points plus the baseline
     anchor (k=1), y_max = best accuracy of any config on that model (AUP is per leaderboard)."""
     out = {}
     for model in dict.fromkeys(r["model"] for r in rows):
         mine = [r for r in rows if r["model"] == model]
         y_max = max(r["acc"] for r in mine)
-        anchor = (mine[0]["tpf"], mine[0]["acc"])
+        anchor = (mine[0]["tokens_per_step"], mine[0]["acc"])
         for family in dict.fromkeys(r["family"] for r in mine):
-            points = [anchor] + [(r["tpf"], r["acc"]) for r in mine if r["family"] == family]
+            points = [anchor] + [(r["tokens_per_step"], r["acc"]) for r in mine
+                                 if r["family"] == family]
             out[model, family] = aup(points, y_max) if y_max > 0 else 0.0
     return out
 
@@ -230,8 +266,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
     lines = []
     for model in dict.fromkeys(r["model"] for r in rows):
         lines += [f"### {model}", "",
-                  "| method | config | accuracy % [95 % CI] | NFE | TPF | vs k=1 (Δ 95 % CI) "
-                  "| family AUP |", "|---|---|---|---|---|---|---|"]
+                  "| method | config | accuracy % [95 % CI] | NFE | tokens/step "
+                  "| vs k=1 (Δ 95 % CI) | family AUP |", "|---|---|---|---|---|---|---|"]
         seen = set()
         for r in (r for r in rows if r["model"] == model):
             mark = " **sig.**" if r["significant"] else ""
@@ -241,8 +277,8 @@ def markdown(rows: list[dict[str, Any]]) -> str:
                      r["family"] == "low_confidence" else
                      f"[{r['diff_lo']:+.1f}, {r['diff_hi']:+.1f}]{mark}")
             lines.append(f"| {r['family']} | {r['config']} | {r['acc']:.1f} [{r['ci_lo']:.1f},"
-                         f" {r['ci_hi']:.1f}] | {r['nfe']:.2f} | {r['tpf']:.2f} | {delta} | "
-                         f"{fam_aup} |")
+                         f" {r['ci_hi']:.1f}] | {r['nfe']:.2f} | {r['tokens_per_step']:.2f} | "
+                         f"{delta} | {fam_aup} |")
         lines.append("")
     return "\n".join(lines)
 
@@ -266,7 +302,7 @@ def method_styles(families: list[str]) -> dict[str, tuple[Any, str]]:
 
 
 def pareto_plot(rows: list[dict[str, Any]], path: Path) -> Any:
-    """One panel per model, accuracy vs TPF per method family with 95 % intervals; every
+    """One panel per model, accuracy vs tokens per step per method family with 95 % intervals; every
     family keeps its colour and marker across panels; the legend sits right of the axes."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
@@ -279,7 +315,7 @@ def pareto_plot(rows: list[dict[str, Any]], path: Path) -> Any:
     for ax, model in zip(axes, models, strict=True):
         mine = [r for r in rows if r["model"] == model]
         for family in dict.fromkeys(r["family"] for r in mine):
-            pts = sorted((r["tpf"], r["acc"], r["ci_lo"], r["ci_hi"]) for r in mine
+            pts = sorted((r["tokens_per_step"], r["acc"], r["ci_lo"], r["ci_hi"]) for r in mine
                          if r["family"] == family)
             xs, ys, lo, hi = zip(*pts, strict=True)
             err = [[y - l for y, l in zip(ys, lo, strict=True)],
@@ -288,7 +324,7 @@ def pareto_plot(rows: list[dict[str, Any]], path: Path) -> Any:
             ax.errorbar(xs, ys, yerr=err, ms=5, capsize=2, color=colour, marker=marker,
                         label=family)
         ax.set_title(model)
-        ax.set_xlabel("tokens per forward (gen length / NFE)")
+        ax.set_xlabel("tokens per step (gen length / NFE)")
         ax.set_ylabel("accuracy % (mean over 9 tasks)")
         ax.set_xscale("log", base=2)
         ax.grid(alpha=0.3)
@@ -309,9 +345,21 @@ def read_rows(path: Path) -> list[dict[str, Any]]:
     with path.open() as fh:
         rows = list(csv.DictReader(fh))
     for r in rows:
-        for key in ("acc", "ci_lo", "ci_hi", "tpf", "nfe"):
+        for key in ("acc", "ci_lo", "ci_hi", "tokens_per_step", "nfe", "diff_lo", "diff_hi"):
             r[key] = float(r[key])
+        r["significant"] = r["significant"] in (True, "True")
     return rows
+
+
+def merge(old: list[dict[str, Any]], new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """``old`` rows with ``new`` ones in place of the same (model, family, config), the rest
+    of ``new`` appended; rows ordered by model, then as in ``CONFIGS``."""
+    key = {(r["model"], r["family"], r["config"]): r for r in old}
+    key |= {(r["model"], r["family"], r["config"]): r for r in new}
+    order = {(c[0], c[1]): i for i, c in enumerate(CONFIGS)}
+    models = list(dict.fromkeys([r["model"] for r in old] + [r["model"] for r in new]))
+    return sorted(key.values(), key=lambda r: (models.index(r["model"]), order.get(
+        (r["family"], r["config"]), len(order))))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -321,6 +369,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--n", type=int, default=50, help="held-out prompts per task")
     ap.add_argument("--seed", type=int, default=0, help="offset of the record generator seed")
     ap.add_argument("--tag", default="testbed_methods")
+    ap.add_argument("--only", nargs="+", default=None, metavar="FAMILY",
+                    help="run the baseline and these method families only, and merge their "
+                         "rows into an existing results/<tag>.csv (replacing theirs)")
     ap.add_argument("--plot-only", action="store_true",
                     help="redraw results/<tag>_pareto.png from results/<tag>.csv (no decoding)")
     args = ap.parse_args(argv)
@@ -328,14 +379,20 @@ def main(argv: list[str] | None = None) -> int:
         rows = read_rows(RESULTS / f"{args.tag}.csv")
         pareto_plot(rows, RESULTS / f"{args.tag}_pareto.png")
         return 0
-    rows = run(args.models, args.n, args.seed)
+    rows = run(args.models, args.n, args.seed, args.only)
     RESULTS.mkdir(exist_ok=True)
+    if args.only and (RESULTS / f"{args.tag}.csv").exists():
+        rows = merge(read_rows(RESULTS / f"{args.tag}.csv"), rows)
     with (RESULTS / f"{args.tag}.csv").open("w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()
         writer.writerows(rows)
     command = "python benchmarks/bench_testbed.py " + " ".join(sys.argv[1:])
-    (RESULTS / f"{args.tag}.md").write_text(f"`{command}`\n\n" + markdown(rows))
+    md = RESULTS / f"{args.tag}.md"
+    # a merge keeps the commands that made the other rows
+    before = ([line for line in md.read_text().splitlines() if line.startswith("`")]
+              if args.only and md.exists() else [])
+    md.write_text("".join(f"{c}\n\n" for c in [*before, f"`{command}`"]) + markdown(rows))
     pareto_plot(rows, RESULTS / f"{args.tag}_pareto.png")
     return 0
 

@@ -2,7 +2,8 @@
 checkpoints.
 
 Decodes held-out zero-shot Waiting Line prompts with each cache mode and compares every cached
-step's logits with a full recomputation of the same canvas (``dllm_decode.cache.measure_drift``).
+step's logits with a full recomputation of the same canvas
+(``dllm_decode.diagnostics.drift.measure_drift``).
 Writes ``benchmarks/results/drift.csv`` and prints a markdown table.
 
     python benchmarks/drift_table.py --models tiny-llada tiny-dream
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from dllm_decode.cache.drift import measure_drift
+from dllm_decode.diagnostics.drift import measure_drift
 from dllm_decode.eval.runner import left_pad
 from dllm_decode.models.loading import load_model
 from dllm_decode.tokenizer import load_tokenizer

@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
-from dllm_decode.policies.compose import STOPPERS, TRUNCATORS
-from dllm_decode.policies.registry import PRESETS, load_optional_presets
+from dllm_decode.policies.resolve import PRESETS, STOPPERS, TRUNCATORS
 from dllm_decode.samplers.contract import DecodeContractError
 
 #: the bundled default checkpoint (LLaDA-like); a seeded random model stands in if absent
@@ -31,15 +31,45 @@ class ByteTokenizer:
         return bytes(i for i in ids if i < 256).decode("utf-8", errors="replace")
 
 
+class IdTokenizer:
+    """``--token-ids``: the prompt is token ids (``"165 20 93"``, ``"165,20,93"`` or
+    ``"[165, 20, 93]"``) and the answer is printed as ids: checkpoints without a tokenizer,
+    such as the reference-format conformance checkpoints."""
+
+    separator = " "  # between pieces of the live view (``--show``)
+
+    def __init__(self, vocab_size: int) -> None:
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        parts = text.replace(",", " ").strip().strip("[]").split()
+        if not parts or not all(p.isdigit() for p in parts):
+            raise ValueError(f"--token-ids: the prompt must be token ids separated by spaces or "
+                             f"commas (e.g. '165 20 93'), got {text!r}")
+        ids = [int(p) for p in parts]
+        bad = [i for i in ids if i >= self.vocab_size]
+        if bad:
+            raise ValueError(f"--token-ids: ids {bad[:5]} are outside the vocabulary "
+                             f"[0, {self.vocab_size})")
+        return ids
+
+    def decode(self, ids: Sequence[int]) -> str:
+        return " ".join(str(int(i)) for i in ids)
+
+
 def load_model_and_tokenizer(name: str | None, seed: int = 0, *, dtype: str = "auto",
-                             device: str | None = None,
-                             revision: str | None = None) -> tuple[Any, Any, str]:
+                             device: str | None = None, revision: str | None = None,
+                             mask_token_id: int | None = None,
+                             token_ids: bool = False) -> tuple[Any, Any, str]:
     """(model, tokenizer, description) for ``--model``: a directory, bundled name or Hub id.
 
-    A checkpoint without a tokenizer gets ``ByteTokenizer``. Without ``--model`` and without
-    the bundled default, a seeded random LLaDA-like model stands in.
+    ``token_ids`` (``--token-ids``) gives an ``IdTokenizer``; a checkpoint without a tokenizer
+    gets ``ByteTokenizer``. Without ``--model`` and without the bundled default, a seeded
+    random LLaDA-like model stands in. ``mask_token_id`` (``--mask-token-id``) is
+    ``load_model``'s, for checkpoints whose config does not give a usable one.
     """
     from dllm_decode.models.loading import ASSETS, build_model, load_model, resolve_path
+    from dllm_decode.models.weights import MaskTokenIdError
     from dllm_decode.tokenizer import load_tokenizer
 
     if name is None and not (ASSETS / DEFAULT_MODEL).is_dir():
@@ -47,13 +77,23 @@ def load_model_and_tokenizer(name: str | None, seed: int = 0, *, dtype: str = "a
                "mlp_hidden_size": 128, "vocab_size": 260, "embedding_size": 260,
                "mask_token_id": 259, "eos_token_id": 258, "max_sequence_length": 1024}
         model = build_model(cfg, seed=seed, init_std=0.5)
-        return model, ByteTokenizer(260), f"random LLaDA-like model (seed {seed})"
+        tok = IdTokenizer(260) if token_ids else ByteTokenizer(260)
+        return model, tok, f"random LLaDA-like model (seed {seed})"
     name = name or DEFAULT_MODEL
-    model = load_model(name, revision=revision, dtype=dtype, device=device)
+    try:
+        model = load_model(name, revision=revision, dtype=dtype, device=device,
+                           mask_token_id=mask_token_id)
+    except MaskTokenIdError as err:
+        raise ValueError(f"{err}; on the command line: --mask-token-id ID (the mask id the "
+                         f"checkpoint was made with), and --token-ids for a prompt of token "
+                         f"ids when it has no tokenizer") from None
+    if token_ids:
+        return model, IdTokenizer(model.vocab_size), f"{name} (token ids)"
     path = resolve_path(name, revision=revision)
     if (path / "tokenizer.json").is_file() or (path / "tokenizer_config.json").is_file():
         return model, load_tokenizer(path), str(name)
-    return model, ByteTokenizer(model.vocab_size), str(name)
+    return model, ByteTokenizer(model.vocab_size), (f"{name} (no tokenizer: the prompt as "
+                                                     "UTF-8 bytes; --token-ids for token ids)")
 
 
 def encode_prompt(tokenizer: Any, text: str) -> list[int]:
@@ -95,7 +135,7 @@ def _reject_sampler_params(params: dict[str, Any]) -> None:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from dllm_decode.policies.defaults import resolve_policy
+    from dllm_decode.policies.defaults import apply_family_default
     from dllm_decode.samplers.build import build_sampler
     from dllm_decode.text import generate_text
 
@@ -104,13 +144,15 @@ def cmd_generate(args: argparse.Namespace) -> int:
     params = _policy_params(args.param)
     _reject_sampler_params(params)
     model, tok, desc = load_model_and_tokenizer(args.model, args.seed, dtype=args.dtype,
-                                                device=args.device, revision=args.revision)
+                                                device=args.device, revision=args.revision,
+                                                mask_token_id=args.mask_token_id,
+                                                token_ids=args.token_ids)
     params.update(gen_length=args.gen_length, block_length=args.block_length, steps=args.steps,
                   temperature=args.temperature, seed=args.seed)
     if args.stop_at_eos:  # else the family default's (Fast-dLLM v2 stops at its EOS)
         params["stop_at_eos"] = True
     # no --policy: the model family's default preset, parameters and cache
-    policy, params, cache = resolve_policy(model, args.policy, params, args.cache)
+    policy, params, cache = apply_family_default(model, args.policy, params, args.cache)
     sampler = build_sampler(model, policy, stopper=args.stopper, truncator=args.truncator,
                             cache=cache, params=params)
     on_step = None
@@ -118,42 +160,50 @@ def cmd_generate(args: argparse.Namespace) -> int:
     if args.show:
         from dllm_decode.show import CanvasView
 
-        live = CanvasView(tok, model.mask_token_id, len(encode_prompt(tok, args.prompt)))
+        live = CanvasView(tok, getattr(model, "mask_token_id", None),
+                          len(encode_prompt(tok, args.prompt)))
         on_step = live.update
     start = time.perf_counter()
     with live if live is not None else _nullcontext():
         result = generate_text(sampler, tok, args.prompt, on_step=on_step)
     elapsed = time.perf_counter() - start
     out = result.generation
-    answer = out.answer[0].tolist()
-    stops = set(result.stop_token_ids)
-    useful = next((i for i, t in enumerate(answer) if t in stops), len(answer))
     print(result.texts[0])
-    nfe = int(out.nfe[0])
     if args.plot:
-        _plot(out, args.plot, tok)
-    # the field's figure leads: answer tokens up to the first stop token per forward; the
-    # budget figure also counts the EOS fill after it (Fast-dLLM issue #15 is about exactly
-    # that inflation)
-    print(f"[{desc} | policy={sampler.policy.name} cache={sampler.config.cache.value}] NFE={nfe} "
-          f"tokens/forward={useful / max(nfe, 1):.2f} ({useful} answer tokens up to EOS; "
-          f"{len(answer) / max(nfe, 1):.2f} counting the EOS fill of the {len(answer)}-token "
-          f"budget) time={elapsed:.2f}s tokens/s={useful / max(elapsed, 1e-9):.1f}",
-          file=sys.stderr)
+        _plot(out, args.plot, tok, result.stop_token_ids)
+    print(f"[{desc} | policy={sampler.policy.name} cache={sampler.config.cache.value}] "
+          f"{speed_line(out, result.stop_token_ids, elapsed)}", file=sys.stderr)
     return 0
 
 
 def _check_policy_name(name: str) -> None:
     if ":" not in name and name not in PRESETS and name != "default":
-        raise ValueError(f"unknown policy {name!r}; valid names: {sorted(PRESETS)}, or an "
-                         "import path 'package.module:ClassName' / 'file.py:ClassName'")
+        close = difflib.get_close_matches(name, sorted(PRESETS), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise ValueError(f"unknown policy {name!r}{hint}; valid names: {sorted(PRESETS)}, or "
+                         "an import path 'package.module:ClassName' / 'file.py:ClassName'")
 
 
-def _plot(generation: Any, path: str, tok: Any) -> None:
+def speed_line(generation: Any, stop_ids: Sequence[int], elapsed: float) -> str:
+    """``NFE=.. tokens/forward=.. (..) tokens/step=.. (..) time=.. tokens/s=..`` of a one-row
+    ``generation``: tokens per forward as ``dllm_decode.speed`` defines it, then the budget
+    figure under its own name (it counts the EOS fill)."""
+    from dllm_decode.speed import TPF_UNIT, generation_tpf
+
+    tpf, useful = generation_tpf(generation, stop_ids)
+    nfe, budget = int(generation.nfe[0]), int(generation.answer.shape[1])
+    return (f"NFE={nfe} {TPF_UNIT}={tpf:.2f} ({useful[0]} answer tokens up to EOS / {nfe} "
+            f"forward{'s' if nfe != 1 else ''}) tokens/step={budget / max(nfe, 1):.2f} (the "
+            f"{budget}-token budget, EOS fill included) time={elapsed:.2f}s "
+            f"tokens/s={useful[0] / max(elapsed, 1e-9):.1f}")
+
+
+def _plot(generation: Any, path: str, tok: Any, stop_ids: Sequence[int]) -> None:
     try:
         from dllm_decode.plot import plot_decoding
 
-        plot_decoding(generation, path, decode=tok.decode if hasattr(tok, "decode") else None)
+        plot_decoding(generation, path, decode=tok.decode if hasattr(tok, "decode") else None,
+                      stop_token_ids=stop_ids)
     except ImportError as err:
         raise ValueError(f"--plot needs matplotlib (pip install 'dllm-decode[eval]'): "
                          f"{err}") from None
@@ -169,7 +219,6 @@ class _nullcontext:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    load_optional_presets()
     parser = argparse.ArgumentParser(prog="dllm-decode", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -183,9 +232,15 @@ def build_parser() -> argparse.ArgumentParser:
                      choices=["auto", "float32", "bfloat16", "float16"],
                      help="auto: the checkpoint's torch_dtype (float32 if it has none)")
     gen.add_argument("--device", default=None, help="cpu (default), cuda, cuda:1, ...")
+    gen.add_argument("--mask-token-id", type=int, default=None, metavar="ID",
+                     help="the mask id, for a checkpoint whose config gives none inside its "
+                          "vocabulary (e.g. the reference-format tiny checkpoints)")
+    gen.add_argument("--token-ids", action="store_true",
+                     help="the prompt is token ids ('165 20 93') and the answer is printed as "
+                          "ids up to its first EOS (checkpoints without a tokenizer)")
     gen.add_argument("--policy", default=None, metavar="NAME|MODULE:CLASS",
                      help=f"a preset ({', '.join(sorted(PRESETS))}) or a class by import "
-                          "path, e.g. my_pkg.rules:TopTwo or examples/my_policy.py:NoNeighbours "
+                          "path, e.g. my_pkg.rules:TopTwo or examples/my_policy.py:ConfidentRuns "
                           "(default: the model family's preset, policies/defaults.py: "
                           "low_confidence for LLaDA, llada2 for LLaDA2, gemma_renoise for "
                           "DiffusionGemma, ...)")
@@ -239,6 +294,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        return _run(argv)
+    except KeyboardInterrupt:  # commands that keep partial results say so themselves
+        print("dllm-decode: interrupted", file=sys.stderr)
+        return 130
+
+
+def _run(argv: list[str]) -> int:
     if len(argv) >= 2 and argv[0] == "train" and argv[1] in ("tiny", "testbed", "learn2pd",
                                                              "convert"):
         from dllm_decode.train.cli import run_train  # trainer flags pass through untouched

@@ -241,7 +241,7 @@ def run(args: argparse.Namespace) -> int:
         per = seconds / max(nfe, 1)
         ratio = f"  {per / floor:5.1f}x the floor" if floor else ""
         say(f"  cache={cache:<7} {seconds:8.3f}s  NFE={nfe}  {per * 1e3:9.3f} ms/forward"
-            f"{ratio}  {args.gen_length / seconds:8.1f} tokens/s")
+            f"{ratio}  {args.gen_length / seconds:8.1f} gen tokens/s (EOS fill included)")
 
     timings = time_decodes(model, device, args.prompt_length, args.gen_length,
                            args.block_length, args.steps, on_mode=report_mode)

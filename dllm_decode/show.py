@@ -15,10 +15,11 @@ from dllm_decode.types import StepState
 class CanvasView:
     """Context manager; ``update(state, commit)`` is an ``on_step`` callback.
 
-    Masked positions are dimmed, positions committed this step are highlighted.
+    Masked positions are dimmed, positions committed this step are highlighted. On a terminal
+    the frame is redrawn in place; piped, only the last frame is written, on lines of its own.
     """
 
-    def __init__(self, tokenizer: Any, mask_id: int, prompt_length: int,
+    def __init__(self, tokenizer: Any, mask_id: int | None, prompt_length: int,
                  console: Console | None = None) -> None:
         self.tok, self.mask_id, self.p = tokenizer, mask_id, prompt_length
         self.live = Live(Text(""), console=console or Console(stderr=True), refresh_per_second=20,
@@ -30,15 +31,18 @@ class CanvasView:
 
     def __exit__(self, *exc: object) -> None:
         self.live.__exit__(*exc)
+        if not self.live.console.is_terminal:  # piped: rich wrote the last frame without an
+            self.live.console.line()           # end of line, the answer would follow on it
 
     def render(self, canvas: list[int], fresh: list[bool], step: int) -> Text:
         text = Text(f"step {step:>4}  ", style="bold")
+        sep = getattr(self.tok, "separator", "")  # token ids (``--token-ids``) need one
         for tok, new in zip(canvas, fresh, strict=True):
             if tok == self.mask_id:
-                text.append("░", style="dim")
+                text.append("░" + sep, style="dim")
             else:
                 piece = self.tok.decode([tok]) if hasattr(self.tok, "decode") else str(tok)
-                text.append(piece, style="bold green" if new else "")
+                text.append(piece + sep, style="bold green" if new else "")
         return text
 
     def update(self, state: StepState, commit: Tensor) -> None:

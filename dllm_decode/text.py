@@ -24,6 +24,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
+from dllm_decode.speed import answer_length
 from dllm_decode.types import Generation
 
 #: assistant text used to find what the chat template writes right after an answer
@@ -170,7 +171,7 @@ def _testbed_codec(directory: str) -> Any:
     """The word-level codec of a test-bed tokenizer directory (``None`` for other tokenizers)."""
     if not directory:
         return None
-    from dllm_decode.train.testbed import VOCAB_FILE, codec_for
+    from dllm_decode.models.oracle import VOCAB_FILE, codec_for
 
     path = Path(directory)
     return codec_for(path) if (path / VOCAB_FILE).is_file() else None
@@ -182,7 +183,7 @@ def check_testbed_prompt(codec: Any, ids: Sequence[int]) -> None:
     The format (``dllm_decode.train.testbed``): ``<task> [<index>] [word] [ a , b , ... ]``,
     then ``<fill>`` twice per empty list slot (``2 * (slots - items)``), then ``<answer>``;
     the checkpoints were trained only on it, and a prompt off it decodes to malformed output.
-    ``codec`` is the checkpoint's ``WaitingLineOracle`` (``train.testbed.codec_for``).
+    ``codec`` is the checkpoint's ``WaitingLineOracle`` (``models.oracle.codec_for``).
     """
     from dllm_decode.models.oracle import ANSWER, FILL
 
@@ -271,7 +272,7 @@ def decode_answers(tokenizer: Any, answer: Tensor, stop_ids: Sequence[int],
     stops = set(stop_ids)
     texts, stopped = [], []
     for row in rows:
-        cut = next((i for i, t in enumerate(row) if t in stops), len(row))
+        cut = answer_length(row, stops)
         kept = [t for t in row[:cut] if t != mask_token_id]
         try:
             text = tokenizer.decode(kept, skip_special_tokens=True)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any, Final, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol, runtime_checkable
 
 import torch
 from torch import Tensor
@@ -178,6 +178,39 @@ class Selection(NamedTuple):
     edit: Tensor | None = None
 
 
+@runtime_checkable
+class DiffusionLM(Protocol):
+    """What the sampler needs from a model.
+
+    ``forward(tokens [B, N], positions [B, N]) -> logits [B, N, V]`` with ``logits[:, i]``
+    predicting ``tokens[:, i]``. Models trained with the AR shift (Dream) undo it inside; for
+    such models (``logit_shift == 1``) the first fed row has no left neighbour, so its logits are
+    only meaningful when it sits at canvas position 0. ``cache`` is a ``cache.kv.BlockKVCache``
+    (K/V written at ``slots`` and read back; ``store=False`` writes nothing); ``mask`` a
+    ``[B, N, L']`` bool attention mask. ``models.base.DecoderLM`` implements it; the cache
+    plans drive any model that does.
+    """
+
+    mask_token_id: int
+    eos_token_ids: tuple[int, ...]
+    attention: str  # "bidirectional" | "block_causal"
+    block_size: int | None
+    logit_shift: int
+    vocab_size: int
+    max_length: int
+
+    def forward(
+        self,
+        tokens: Tensor,
+        positions: Tensor,
+        *,
+        cache: Any = None,
+        slots: Tensor | None = None,
+        mask: Tensor | None = None,
+        store: bool = True,
+    ) -> Tensor: ...
+
+
 class StepModel(Protocol):
     """The model as a policy may use it during one step (``StepState.model``).
 
@@ -225,8 +258,11 @@ class StepState:
     distribution (see ``StepModel``). ``editable`` ``[B, L]`` bool (only for selectors that
     declare ``Capabilities(edits=True)``, else ``None``) marks the committed positions the
     selector may rewrite this step (``Selection.edit``): generated, inside the current block,
-    fed this step, in rows still allowed to edit (``samplers.editing``). ``block_step`` is the
-    step's index inside its block (0 at the block's first forward). ``mask_logit`` ``[B, R]``
+    fed this step, in rows still allowed to edit (``samplers.editing``). ``step`` is the global
+    step index of the generation (an ``int``, 0 at its first forward, counting on across
+    blocks; a 0-d int64 tensor only on the static-buffer step of graph-safe presets),
+    ``block`` the block's index and ``block_step`` the step's index inside its block (an
+    ``int``, 0 at the block's first forward). ``mask_logit`` ``[B, R]``
     is the raw logit of the mask token at ``rows`` (only for selectors that sample their own
     tokens, ``Capabilities.samples_tokens``: ``logits`` have it removed). ``reference_order``
     (``rng="reference"``) asks budgeted top-k selections for the reference decoders' order

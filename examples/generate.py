@@ -14,6 +14,7 @@ import argparse
 
 from dllm_decode import DiffusionSampler, generate_text, load_model, load_tokenizer
 from dllm_decode.policies.defaults import resolve_policy
+from dllm_decode.speed import TPF_UNIT, generation_tpf
 
 #: the training prompt format of the bundled checkpoints (ParallelBench Waiting Line, copy)
 WAITING_LINE = (
@@ -49,8 +50,8 @@ def main() -> None:
     out = generate_text(sampler, tok, args.prompt or PROMPTS)
     for text in out.texts:
         print(text)
-    nfe = out.generation.nfe.tolist()
-    print(f"NFE per prompt {nfe}, tokens/forward {args.gen_length / max(nfe):.2f}")
+    tpf, _ = generation_tpf(out.generation, out.stop_token_ids)  # answer tokens up to EOS
+    print(f"NFE per prompt {out.generation.nfe.tolist()}, {TPF_UNIT} {tpf:.2f}")
 
 
 if __name__ == "__main__":

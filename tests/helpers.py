@@ -74,7 +74,7 @@ def mask_presets(names: Any) -> list[str]:
     """The preset names that decode mask models (uniform-noise presets such as
     ``gemma_renoise`` are refused there; ``tests/test_uniform_decoding.py`` runs them)."""
     from dllm_decode.policies.capabilities import policy_capabilities
-    from dllm_decode.policies.registry import make_policy
+    from dllm_decode.policies.resolve import make_policy
 
     out = []
     for name in sorted(names):

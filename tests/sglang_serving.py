@@ -29,7 +29,7 @@ import torch
 from sglang.srt.layers.logits_processor import LogitsProcessorOutput
 from sglang.srt.model_executor.forward_batch_info import ForwardBatch, ForwardMode
 
-from dllm_decode.cache.plans import make_plan
+from dllm_decode.cache.table import make_plan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.types import CacheMode
 

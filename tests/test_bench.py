@@ -56,7 +56,7 @@ def _script(name: str) -> Any:
 def test_model_card_table_and_section(tmp_path) -> None:
     bp = _script("bench_policies")
     summary = [dict(policy="low_confidence", params="{}", steps=s, task=f"waiting_line/{t}",
-                    n=2, accuracy=acc, nfe=float(s), tpf=32 / s, wall_s=0.1)
+                    n=2, accuracy=acc, nfe=float(s), tokens_per_step=32 / s, wall_s=0.1)
                for s, t, acc in ((32, "copy", 1.0), (32, "reverse", 0.5), (8, "copy", 0.5),
                                  (8, "reverse", 0.0))]
     text = bp.per_task_table(summary)

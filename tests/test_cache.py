@@ -136,7 +136,7 @@ def test_cache_mode_errors() -> None:
 
 def test_drift_between_refreshes_is_measured() -> None:
     """Prefix/dual caches are approximations: report how far a stale step drifts."""
-    from dllm_decode.cache.drift import measure_drift
+    from dllm_decode.diagnostics.drift import measure_drift
 
     report = measure_drift(MODELS["llada"], torch.randint(0, EOS, (1, 6)), gen_length=16,
                            block_length=8, mode="dual")

@@ -34,8 +34,8 @@ def test_main_command_and_doctor_write_nothing(clean_check, monkeypatch, capfd) 
     out, err = capfd.readouterr()
     assert out == '["Maya Doyle", "Ivan Bennett", "Pedro Lindqvist"]\n'
     # the field's figure first: answer tokens (up to EOS) per forward, then the budget one
-    assert "tokens/forward=" in err and "answer tokens up to EOS;" in err
-    assert "counting the EOS fill of the 32-token budget" in err
+    assert "tokens/forward=10.00 (10 answer tokens up to EOS / 1 forward)" in err
+    assert "tokens/step=32.00 (the 32-token budget, EOS fill included)" in err
     argv = ["doctor", "--shape", "small", "--prompt-length", "8", "--gen-length", "8",
             "--block-length", "8", "--steps", "2"]  # plain doctor, smaller
     # kernel verdicts are test_doctor's business (they need TRITON_INTERPRET set before triton

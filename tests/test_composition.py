@@ -20,12 +20,12 @@ import torch
 from dllm_decode import DiffusionSampler, load_model
 from dllm_decode.policies.capabilities import capabilities_of
 from dllm_decode.policies.learn2pd import with_eotp
-from dllm_decode.policies.registry import DREAM_NAMES, PRESETS, load_optional_presets
-from dllm_decode.policies.registry import make_policy as build
+from dllm_decode.policies.presets import DREAM_NAMES
+from dllm_decode.policies.resolve import PRESETS
+from dllm_decode.policies.resolve import make_policy as build
 from dllm_decode.policies.sched import Supervised, sched_policy
 from tests.helpers import mask_presets, tiny_model
 
-load_optional_presets()
 NAMES = mask_presets(PRESETS)
 WRAPS = ("plain", "sched", "eotp", "both")
 _MODELS: dict[str, Any] = {}

@@ -130,15 +130,17 @@ def test_overall_rows_name_gen_length_steps_and_the_tasks_they_cover() -> None:
 
 
 def test_testbed_grid_rows_are_labelled_by_k() -> None:
-    """The k = 1 / 4 / 8 rows of benchmarks/grids/testbed.yaml read differently."""
+    """The rows of benchmarks/grids/testbed.yaml (k = 1 / 4 / 8, threshold, the 2026 methods)
+    read differently."""
     from dllm_decode.eval.analyze import config_label
     from dllm_decode.eval.parallelbench.grid import expand_configs, load_grid
 
     grid = load_grid(Path(__file__).resolve().parents[1] / "benchmarks/grids/testbed.yaml")
     configs = expand_configs(grid, COPY, "testbed-llada")
     labels = [config_label(c.as_dict()) for c in configs]
-    assert len(set(labels)) == len(labels) == 4
+    assert len(set(labels)) == len(labels) == 9
     assert "low_confidence[schedule=llada,steps=4] gen=16 block=full" in labels
+    assert "frechet[delta=0.25] gen=16 block=full" in labels
 
 
 def test_analysis_folder_explains_its_columns(rows: list[dict], tmp_path: Path) -> None:

@@ -22,7 +22,7 @@ from dllm_decode.eval.parallelbench.grid import parse_grid
 from dllm_decode.eval.parallelbench.rows import read_rows
 from dllm_decode.eval.runner import load_records, run_grid
 from dllm_decode.policies.defaults import FAMILY_DEFAULTS, family_defaults, resolve_policy
-from dllm_decode.policies.registry import PRESETS, load_optional_presets
+from dllm_decode.policies.resolve import PRESETS
 from dllm_decode.text import stop_token_ids
 from tests.helpers import tiny_gemma_config, tiny_model
 from tests.moe_helpers import tiny_moe_model
@@ -59,7 +59,6 @@ def family_model(name: str, vocab: int) -> Any:
 
 
 def test_every_family_default_is_a_preset() -> None:
-    load_optional_presets()
     assert all(d.policy in PRESETS for d in FAMILY_DEFAULTS.values())
     readme = (ROOT / "README.md").read_text()
     table = readme.split("## Supported model families", 1)[1].split("\n## ", 1)[0]

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 import torch
 
+from dllm_decode.diagnostics.launches import layer_launches
 from dllm_decode.models import load_model, save_model
 from dllm_decode.models.base import Layer
 from dllm_decode.models.functional import block_causal_mask
 from dllm_decode.models.fused import FusedLayer
-from dllm_decode.models.launches import layer_launches
 from dllm_decode.types import Impl
 from tests.helpers import EOS, tiny_model
 

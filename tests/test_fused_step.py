@@ -19,8 +19,8 @@ from torch import Tensor
 
 from dllm_decode import DiffusionSampler
 from dllm_decode.policies import Threshold, TopK
-from dllm_decode.policies.compose import compose
-from dllm_decode.policies.registry import Policy
+from dllm_decode.policies.policy import Policy
+from dllm_decode.policies.resolve import compose
 from dllm_decode.samplers import mask_run as sampler_module  # the mask loop's step
 from dllm_decode.samplers.contract import NonFiniteLogitsError
 from dllm_decode.types import ScoreKind

@@ -22,13 +22,12 @@ from torch import Tensor
 
 from dllm_decode import DiffusionSampler
 from dllm_decode.policies.capabilities import capabilities_of
-from dllm_decode.policies.registry import PRESETS, load_optional_presets, make_policy
+from dllm_decode.policies.resolve import PRESETS, make_policy
 from dllm_decode.samplers.contract import NonFiniteLogitsError
 from tests.helpers import EOS, MASK, left_pad_rows, mask_presets, tiny_gemma, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-load_optional_presets()
 MODELS = {f: tiny_model(f, seed=3) for f in ("llada", "dream", "sdar")}
 #: presets, plus compositions (a stopper / truncator over another base)
 POLICIES: list[tuple[str, dict[str, Any]]] = [(name, {}) for name in mask_presets(PRESETS)] + [

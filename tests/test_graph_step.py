@@ -38,6 +38,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 PRESETS = {  # name -> parameters (steps where the preset is scheduled)
     "low_confidence": {"steps": 16}, "threshold": {}, "factor": {}, "entropy": {"steps": 16},
     "sched": {"steps": 16}, "topk_margin": {"steps": 16}, "entropy_threshold": {},
+    "frechet": {},
 }
 CACHES = {"tiny-llada": ("none", "prefix", "dual"), "tiny-dream": ("none", "prefix", "dual"),
           "tiny-sdar": ("none", "block_causal")}

@@ -45,7 +45,9 @@ def test_plot_decoding_png(tmp_path, size) -> None:
     fig = plot_decoding(out, path, figsize=size, dpi=80, decode=lambda ids: str(ids[0]))
     data = path.read_bytes()
     assert len(data) > 5_000 and _png_size(data) == (int(size[0] * 80), int(size[1] * 80))
-    assert "tokens/forward" in fig._suptitle.get_text()
+    assert "committed positions/forward" in fig._suptitle.get_text()  # no stop ids given
+    titled = plot_decoding(out, stop_token_ids=LLADA.eos_token_ids)._suptitle.get_text()
+    assert "tokens/forward (" in titled and "answer tokens up to EOS / NFE" in titled
     with pytest.raises(ValueError, match="row must be"):
         plot_decoding(out, row=1)
 
@@ -119,7 +121,8 @@ def test_testbed_pareto_plot_distinct_styles_and_legend_outside(tmp_path) -> Non
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
     families = [f"method{i}" for i in range(22)]
-    rows = [{"model": m, "family": f, "tpf": 1.0 + i / 3 + j, "acc": 90.0 - i, "ci_lo": 85.0 - i,
+    rows = [{"model": m, "family": f, "tokens_per_step": 1.0 + i / 3 + j, "acc": 90.0 - i,
+             "ci_lo": 85.0 - i,
              "ci_hi": 95.0 - i} for m in ("a", "b") for i, f in enumerate(families)
             for j in range(2)]
     fig = bench.pareto_plot(rows, tmp_path / "pareto.png")

@@ -1,45 +1,40 @@
-"""The README's "Write your own policy" code runs as written (so it cannot rot)."""
+"""The README's "Write your own policy" code runs as written (so it cannot rot): each script
+as ``python script.py`` from another folder, with the class saved beside it as the README says
+(``tests.test_readme.run_snippet``)."""
 
 from __future__ import annotations
 
 import re
-import sys
 import types
 from pathlib import Path
 
 import pytest
 
+from tests.test_readme import POLICY_SECTION, check_clean, readme_snippets, run_snippet
+
 pytest.importorskip("matplotlib")
-pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _section_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Write your own policy", 1)[1].split("\n## ", 1)[0]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
-
-
-def test_readme_example_runs(tmp_path, monkeypatch, capsys) -> None:
-    blocks = _section_blocks()
+def test_readme_example_runs(tmp_path) -> None:
+    blocks = [code for _, code in readme_snippets(POLICY_SECTION)]
     assert len(blocks) == 3
     policy, usage, prop = blocks
     assert policy in (ROOT / "examples" / "my_policy.py").read_text()  # the file matches
     assert len(policy.strip().splitlines()) <= 25
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.syspath_prepend(str(ROOT))  # pasted at the repository root
-    for name, code in (("readme_usage", usage), ("readme_prop", prop)):  # each one alone
-        module = types.ModuleType(name)
-        monkeypatch.setitem(sys.modules, name, module)
-        exec(compile(code, "README.md", "exec"), module.__dict__)  # noqa: S102
-        if name == "readme_usage":
-            assert module.report.forwards <= 32
-            assert (tmp_path / "runs" / "confident_runs.png").stat().st_size > 5_000
-            assert module.composed.generation.lengths[0] < 32  # EoTP cut the row after EOS
-            printed = capsys.readouterr().out.splitlines()
-            assert printed[0] == '["Maya Doyle", "Ivan Bennett", "Pedro Lindqvist"] NFE 1'
-            assert printed[2].startswith("PolicyReport(steps=")
-    module.test_confident_runs()
+
+    printed = check_clean(run_snippet(usage, tmp_path), "README usage", usage).splitlines()
+    assert printed[0] == '["Maya Doyle", "Ivan Bennett", "Pedro Lindqvist"] NFE 1'
+    length = int(printed[1].rsplit("length", 1)[1])
+    assert length < 32  # EoTP cut the row after its EOS
+    assert printed[2].startswith("PolicyReport(steps=")
+    assert int(re.search(r"forwards=(\d+)", printed[2]).group(1)) <= 32
+    picture = tmp_path / "elsewhere" / "runs" / "confident_runs.png"  # under the current folder
+    assert picture.stat().st_size > 5_000
+
+    pytest.importorskip("hypothesis")
+    done = check_clean(run_snippet(prop, tmp_path, "test_my_policy.py"), "README test", prop)
+    assert done.strip() == "check_policy held on 10 drawn (tau, blocks, seed)"
 
 
 def test_readme_grid_runs(tmp_path, monkeypatch) -> None:

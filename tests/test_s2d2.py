@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dllm_decode import Capabilities, DiffusionSampler, make_policy
-from dllm_decode.samplers.speculative import (
+from dllm_decode.policies.speculative import (
     AcceptanceEstimator,
     ContextualBanditUCB,
     RouteContext,

@@ -10,11 +10,9 @@ from hypothesis import strategies as st
 from dllm_decode import DiffusionSampler, SamplerConfig, make_policy
 from dllm_decode.policies import PRESETS
 from dllm_decode.policies.capabilities import capabilities_of
-from dllm_decode.policies.registry import load_optional_presets
 from tests.helpers import EOS, MASK, mask_presets, tiny_model
 
 MODELS = {f: tiny_model(f, seed=11) for f in ("llada", "dream", "sdar")}
-load_optional_presets()
 POLICIES = mask_presets(PRESETS)
 
 

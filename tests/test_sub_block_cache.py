@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from dllm_decode import DiffusionSampler
-from dllm_decode.cache.drift import measure_drift
+from dllm_decode.diagnostics.drift import measure_drift
 from tests.helpers import EOS, tiny_model
 from tests.moe_helpers import tiny_moe_model
 
@@ -126,7 +126,8 @@ def test_plan_mixed_step_right_after_a_refresh_is_exact() -> None:
     a prompt token, canvas unchanged) runs a sub-block forward and row 1 (its next sub-block
     starts masked) a refresh, in one step of two calls; both rows' scored logits equal a full
     forward without cache, since nothing changed outside row 0's sub-block since its K/V."""
-    from dllm_decode.cache.plans import ForwardPlan, make_plan
+    from dllm_decode.cache.plans import ForwardPlan
+    from dllm_decode.cache.table import make_plan
     from dllm_decode.config import SamplerConfig
     from dllm_decode.types import CacheMode
 
@@ -155,7 +156,8 @@ def test_plan_rows_keep_their_stale_block_cache_in_a_mixed_step() -> None:
     """Row 0's block K/V stay those of its last refresh through a step in which row 1
     refreshes (the refresh call's K/V of row 0 are put back): its logits over three steps
     equal row 0's alone, and differ from a full forward (stale K/V at position 14)."""
-    from dllm_decode.cache.plans import ForwardPlan, make_plan
+    from dllm_decode.cache.plans import ForwardPlan
+    from dllm_decode.cache.table import make_plan
     from dllm_decode.config import SamplerConfig
     from dllm_decode.types import CacheMode
 

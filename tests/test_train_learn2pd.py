@@ -26,8 +26,8 @@ from dllm_decode.train.learn2pd import (
     filter_metrics,
     generate_egp_samples,
     train_filter,
-    train_learn2pd_main,
 )
+from dllm_decode.train.learn2pd_cli import train_learn2pd_main
 from dllm_decode.types import StepState
 from tests.helpers import EOS, MASK, tiny_model
 

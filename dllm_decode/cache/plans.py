@@ -11,7 +11,7 @@
   stores its final K/V in the same forward instead of a separate one.
 
 * ``window`` (Window-Diffusion): phases of full and pruned steps over per-row position sets;
-  see ``dllm_decode.cache.window`` (built by ``make_plan``).
+  see ``dllm_decode.cache.window``.
 * ``sub_block`` (Fast-dLLM v2's ``use_block_cache``): ``block_causal`` across blocks; inside a
   block, each row's current sub-block alone against the block's K/V of its last refresh
   (approximate); see ``dllm_decode.cache.sub_block``. ``separate_prefill``: ``prefill``.
@@ -36,9 +36,8 @@ from torch import Tensor
 
 from dllm_decode.cache.fed import Fed, Feed
 from dllm_decode.cache.kv import BlockKVCache
-from dllm_decode.models.base import DiffusionLM
-from dllm_decode.models.functional import block_causal_mask
-from dllm_decode.types import CacheMode
+from dllm_decode.kernels.reference import block_causal_mask
+from dllm_decode.types import CacheMode, DiffusionLM
 
 
 class ForwardPlan:
@@ -46,7 +45,8 @@ class ForwardPlan:
 
     Args:
         model: the ``DiffusionLM``.
-        mode: the cache mode (``window`` is ``cache.window.WindowPlan``; use ``make_plan``).
+        mode: the cache mode (``window`` and ``sub_block`` have plans of their own; see
+            ``cache.table.make_plan``).
         valid: ``[B', L]`` key validity (False: left padding; the sampler clears truncated
             tails in place).
         positions: ``[B', L]`` RoPE positions.
@@ -316,32 +316,10 @@ class ForwardPlan:
                           1), mask=full, hidden_rows=rows)
 
 
-def make_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
-              cfg: Any, family: str = "", cache: BlockKVCache | None = None,
-              sub_block: int | None = None) -> ForwardPlan:
-    """The plan for ``mode`` built from a ``SamplerConfig`` (window sizes, refresh, prefix);
-    ``cache``: a K/V cache to reuse (``ForwardPlan``; not for ``window``); ``sub_block``: the
-    selector's sub-block size (``Capabilities.sub_block_size``; ``cache="sub_block"``)."""
-    causal = bool(cfg.causal_prefix)
-    if mode is CacheMode.SUB_BLOCK:
-        from dllm_decode.cache.sub_block import SubBlockPlan
-
-        if cfg.cfg_scale > 0:  # its rows choose their own sub-blocks: the halves would differ
-            raise ValueError("cache='sub_block' does not support classifier-free guidance "
-                             "(cfg_scale > 0); use cache='block_causal'")
-        return SubBlockPlan(model, valid, positions, sub_block, causal_prefix=causal,
-                            cache=cache)
-    if mode is CacheMode.WINDOW:
-        from dllm_decode.cache.window import WindowPlan
-
-        dream = family == "dream"
-        return WindowPlan(
-            model, valid, positions,
-            window=cfg.window_tokens or (128 if dream else 64),
-            active=cfg.active_tokens or 16,
-            refresh=cfg.refresh_every or 32,
-            truncate=dream if cfg.window_truncate is None else cfg.window_truncate,
-            mirror=cfg.cfg_scale > 0,
-        )
-    return ForwardPlan(model, mode, valid, positions, cfg.refresh_every, causal_prefix=causal,
-                       cache=cache)
+def forward_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor,
+                 cfg: Any, family: str = "", cache: BlockKVCache | None = None,
+                 sub_block: int | None = None) -> ForwardPlan:
+    """The ``none`` / ``prefix`` / ``dual`` / ``block_causal`` plan from a ``SamplerConfig``
+    (a ``cache.table.PLANS`` builder; ``family`` and ``sub_block`` are not used here)."""
+    return ForwardPlan(model, mode, valid, positions, cfg.refresh_every,
+                       causal_prefix=bool(cfg.causal_prefix), cache=cache)

@@ -27,7 +27,7 @@ token of Fast-dLLM v2) gets it at its entry step, and its next step refreshes, a
 creates the block cache with the first forward after its cache-commit forward.
 
 Right after a refresh the logits equal the exact ``block_causal`` cache's (tested); between
-refreshes they drift (``cache.drift.measure_drift`` reports it). Rows are independent: each
+refreshes they drift (``diagnostics.drift.measure_drift`` reports it). Rows are independent: each
 row's refresh decision is its own. A step whose rows disagree runs two model calls over the
 batch (the sub-block forward, then the refresh with the K/V of the sub-block rows' block
 restored afterwards), counted in ``Generation.forwards``; each row counts one forward in its
@@ -154,3 +154,15 @@ class SubBlockPlan(ForwardPlan):
         pos = self.positions.gather(1, window)
         return self.model(canvas.gather(1, window), pos, cache=self.cache, slots=window,
                           mask=self._memo[key], store=True)
+
+
+def sub_block_plan(model: Any, mode: CacheMode, valid: Tensor, positions: Tensor, cfg: Any,
+                   family: str = "", cache: BlockKVCache | None = None,
+                   sub_block: int | None = None) -> SubBlockPlan:
+    """The ``sub_block`` plan from a ``SamplerConfig`` and the selector's sub-block size
+    (``Capabilities.sub_block_size``; a ``cache.table.PLANS`` builder)."""
+    if cfg.cfg_scale > 0:  # its rows choose their own sub-blocks: the halves would differ
+        raise ValueError("cache='sub_block' does not support classifier-free guidance "
+                         "(cfg_scale > 0); use cache='block_causal'")
+    return SubBlockPlan(model, valid, positions, sub_block, causal_prefix=bool(cfg.causal_prefix),
+                        cache=cache)

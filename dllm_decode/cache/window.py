@@ -37,13 +37,14 @@ predicts it.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 from torch import Tensor
 
 from dllm_decode.cache.fed import Fed
 from dllm_decode.cache.plans import ForwardPlan
-from dllm_decode.models.base import DiffusionLM
-from dllm_decode.types import CacheMode
+from dllm_decode.types import CacheMode, DiffusionLM
 
 
 class WindowPlan(ForwardPlan):
@@ -167,3 +168,19 @@ class WindowPlan(ForwardPlan):
                             cache=self.cache, slots=idx, mask=self._keys, store=True)
         return Fed(logits, idx, 0, length, refresh=bool(all_full), live=live,
                    refreshed=self.full)
+
+
+def window_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor, cfg: Any,
+                family: str = "", cache: Any = None, sub_block: int | None = None) -> WindowPlan:
+    """The ``window`` plan from a ``SamplerConfig``: Window-Diffusion's sizes per family
+    (Dream: window 128 and the EOS truncation; others 64), overridable by the config (a
+    ``cache.table.PLANS`` builder; it allocates its own K/V, so ``cache`` is not used)."""
+    dream = family == "dream"
+    return WindowPlan(
+        model, valid, positions,
+        window=cfg.window_tokens or (128 if dream else 64),
+        active=cfg.active_tokens or 16,
+        refresh=cfg.refresh_every or 32,
+        truncate=dream if cfg.window_truncate is None else cfg.window_truncate,
+        mirror=cfg.cfg_scale > 0,
+    )

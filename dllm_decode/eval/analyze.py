@@ -12,8 +12,9 @@ Aggregation levels:
 * **config** = unweighted mean over tasks (per category and overall). A sweep entry with
   ``gen_length: auto`` yields one config per task length, so its overall rows name the gen
   length in ``config`` and the tasks they average in ``covers``.
-* **order** = per method, how the canvas was filled: Kendall tau, pairs in order, rounds,
-  commit time per quarter of the answer (``eval.order``; ``order.png``).
+* **order** = per configuration (method and ``setting_label``: parameters, steps, gen length),
+  how the canvas was filled: Kendall tau, pairs in order, rounds, commit time per quarter of the
+  answer (``eval.order``; ``order.png``).
 * **method** = a config minus its speed knob (``steps`` for top-k policies, ``params`` for
   adaptive ones): the curve along which PBx and AUP are computed. Block lengths equal to the
   generation length are reported as ``full`` so methods line up across 32/64-token tasks.
@@ -24,14 +25,14 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
 from dllm_decode.eval import metrics
 from dllm_decode.eval.order import order_plot, order_table
-from dllm_decode.eval.parallelbench.rows import load_rows
+from dllm_decode.eval.parallelbench.rows import PLAN_FILE, load_rows, read_plan
 
 ANALYSIS_DIR: Final[str] = "analysis"
 _PERCENT: Final[float] = 100.0
@@ -72,15 +73,20 @@ COLUMNS: Final[dict[str, str]] = {
 }
 
 
-def config_label(config: Mapping[str, Any]) -> str:
-    """Short human label naming everything that tells configs of one sweep apart: policy,
-    params, steps (fixed schedules), gen length, block length (``full`` = the generation)."""
+def setting_label(config: Mapping[str, Any]) -> str:
+    """What tells configs of one method (``method_of``) apart: ``[params,steps=N] gen=G``."""
     parts = [f"{k}={v}" for k, v in sorted(config.get("params", {}).items())]
     if config.get("steps") is not None:
         parts.append(f"steps={config['steps']}")
+    return f"[{','.join(parts)}] gen={config.get('gen_length')}"
+
+
+def config_label(config: Mapping[str, Any]) -> str:
+    """Short human label naming everything that tells configs of one sweep apart: policy,
+    params, steps (fixed schedules), gen length, block length (``full`` = the generation)."""
     gen, block = config.get("gen_length"), config.get("block_length")
     block_label = "full" if block in (None, gen) else str(block)
-    return f"{policy_label(config)}[{','.join(parts)}] gen={gen} block={block_label}"
+    return f"{policy_label(config)}{setting_label(config)} block={block_label}"
 
 
 def _covers(cells: Sequence[Row]) -> str:
@@ -250,10 +256,44 @@ def write_table(table: Sequence[Row], stem: Path) -> None:
         writer.writerows(table)
 
 
+def incomplete_note(rows: Sequence[Row], expected: Mapping[str, int] | None) -> str | None:
+    """A line saying the run is incomplete, or ``None`` when it is not (as far as known).
+
+    Args:
+        rows: the run's rows.
+        expected: rows expected per config hash (``rows.read_plan``: the runner's ``run.json``);
+            ``None`` for runs written without one: then configs with fewer rows on a task
+            than another config has are reported.
+    """
+    present = Counter(r["config_hash"] for r in rows)
+    if expected is not None:
+        total = sum(expected.values())
+        have = sum(min(present.get(h, 0), n) for h, n in expected.items())
+        if have >= total:
+            return None
+        open_configs = sum(1 for h, n in expected.items() if present.get(h, 0) < n)
+        return (f"incomplete run: {have} of {total} result rows, {open_configs} of "
+                f"{len(expected)} configs unfinished (interrupted or still running); the tables "
+                f"cover only the rows there; the same `dllm-decode eval parallelbench` command "
+                f"resumes it")
+    per_task: dict[str, Counter[str]] = defaultdict(Counter)
+    for row in rows:
+        per_task[row["task"]][row["config_hash"]] += 1
+    short = {h for counts in per_task.values() for h, n in counts.items()
+             if n < max(counts.values())}
+    if not short:
+        return None
+    return (f"possibly incomplete run: {len(short)} config(s) have fewer rows on a task than "
+            f"other configs (the run has no {PLAN_FILE} saying what it should hold)")
+
+
 def analyze_rows(
-    rows: Sequence[Row], out_dir: str | Path, *, baseline: str | None = None, plots: bool = True
+    rows: Sequence[Row], out_dir: str | Path, *, baseline: str | None = None, plots: bool = True,
+    incomplete: str | None = None,
 ) -> dict[str, list[Row]]:
-    """Write every table (markdown + CSV) and, optionally, the PNG plots into ``out_dir``.
+    """Write every table (markdown + CSV) and, optionally, the PNG plots into ``out_dir``;
+    ``incomplete`` (``incomplete_note``) heads the columns' ``README.md`` and goes into
+    ``summary.json``.
 
     Returns:
         The tables by name: ``tasks``, ``categories``, ``overall``, ``pbx``, ``aup``, ``qps``,
@@ -272,20 +312,23 @@ def analyze_rows(
         "aup": aup_table(cells),
         "qps": qps_table(cells, baseline),
     }
-    order = order_table(rows, method_of)
+    order = order_table(rows, method_of, setting_label)
     if order:  # rows that recorded commit_steps
         tables["order"] = order
     for name, table in tables.items():
         write_table(table, out / name)
     legend = "\n".join(f"- `{name}`: {text}" for name, text in COLUMNS.items())
-    (out / "README.md").write_text(f"# Columns of these tables\n\n{legend}\n")
+    head = f"**{incomplete}**\n\n" if incomplete else ""
+    (out / "README.md").write_text(f"{head}# Columns of these tables\n\n{legend}\n")
     if plots:
         from dllm_decode.eval.parallelbench.plots import pareto_plot, score_panels
 
         pareto_plot(cells, out / "pareto.png")
         score_panels(cells, out / "panels.png")
-        order_plot(rows, method_of, out / "order.png")
-    (out / "summary.json").write_text(json.dumps({"rows": len(rows), "cells": len(cells)}))
+        order_plot(rows, method_of, out / "order.png", setting_label)
+    (out / "summary.json").write_text(json.dumps({"rows": len(rows), "cells": len(cells),
+                                                  "complete": incomplete is None,
+                                                  "note": incomplete}))
     return tables
 
 
@@ -299,13 +342,18 @@ def run_analyze(args: Any) -> dict[str, list[Row]]:
     if not rows:
         raise FileNotFoundError(f"no rows*.jsonl with results in {run_dir}")
     target = run_dir / ANALYSIS_DIR
-    tables = analyze_rows(
-        rows, target, baseline=getattr(args, "baseline", None),
-        plots=not getattr(args, "no_plots", False),
-    )  # fmt: skip
+    plots = not getattr(args, "no_plots", False)
+    incomplete = incomplete_note(rows, read_plan(run_dir))
+    tables = analyze_rows(rows, target, baseline=getattr(args, "baseline", None), plots=plots,
+                          incomplete=incomplete)
+    if incomplete:
+        print(incomplete)
     print(to_markdown(tables["overall"]))
     print(f"tpf = answer tokens up to EOS per forward; tokens_per_step = gen_length per forward "
           f"(EOS fill included); order_kendall_tau = commit order vs position. Columns: "
           f"{target / 'README.md'}")
-    print(f"tables and plots written to {target}")
+    print(f"{'tables and plots' if plots else 'tables (no plots: --no-plots)'} written to "
+          f"{target}")
+    if incomplete:
+        print(incomplete)  # last too: the line a reader sees after a long table
     return tables

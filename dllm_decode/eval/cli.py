@@ -7,14 +7,31 @@ leaf sets ``func`` (called as ``func(args)``, returns an exit code).
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Any
 
 
 def _cmd_parallelbench(args: argparse.Namespace) -> int:
     from dllm_decode.eval.runner import run_sweep
 
-    run_sweep(args)
+    try:
+        run_sweep(args)
+    except KeyboardInterrupt:  # every finished row is on disk (flushed as written)
+        print(interrupted_line(args.out), file=sys.stderr)
+        return 130
     return 0
+
+
+def interrupted_line(out: str) -> str:
+    """What an interrupted sweep kept in ``out`` and how to resume it (one line)."""
+    from pathlib import Path
+
+    from dllm_decode.eval.parallelbench.rows import load_rows
+
+    kept = len(load_rows(Path(out)))  # deduplicated over the merged and per-rank files
+    return (f"interrupted: {kept} result rows kept in {out}; run the same command again to "
+            f"resume (rows already there are skipped), or `dllm-decode eval analyze {out}` to "
+            f"look at them")
 
 
 def _cmd_analyze(args: argparse.Namespace) -> int:

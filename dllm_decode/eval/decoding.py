@@ -34,7 +34,7 @@ def sampler_decode_fn(model: Any) -> DecodeFn:
     policy / params / cache). ``policy: default`` is the model family's preset with its
     parameters (the sweep's ``params`` win) and, where the sweep's cache is ``none``, its
     cache (``policies.defaults``)."""
-    from dllm_decode.policies.defaults import DEFAULT_POLICY, resolve_policy
+    from dllm_decode.policies.defaults import DEFAULT_POLICY, apply_family_default
     from dllm_decode.samplers.build import build_sampler
 
     samplers: dict[tuple[Any, ...], Any] = {}
@@ -47,7 +47,7 @@ def sampler_decode_fn(model: Any) -> DecodeFn:
         if key not in samplers:
             policy, params, cache = config.policy, dict(config.params), config.cache
             if policy == DEFAULT_POLICY:
-                policy, params, family_cache = resolve_policy(model, policy, params)
+                policy, params, family_cache = apply_family_default(model, policy, params)
                 cache = family_cache if cache == "none" and family_cache else cache
             samplers[key] = build_sampler(
                 model, policy, stopper=config.stopper, truncator=config.truncator,

@@ -106,7 +106,7 @@ class DllmDecodeLM(LM):
         if device is None or (str(device).startswith("cuda") and not torch.cuda.is_available()):
             device = "cuda" if torch.cuda.is_available() else "cpu"  # lm-eval defaults to cuda
         if model is None:
-            from dllm_decode import load_model
+            from dllm_decode.models.loading import load_model
 
             model = load_model(pretrained, dtype=getattr(torch, dtype), device=device)
         if tokenizer is None or isinstance(tokenizer, str):
@@ -132,7 +132,7 @@ class DllmDecodeLM(LM):
                           "safetensors with its own model code and the tokenizer with "
                           "trust_remote_code=False (README: What runs code)", stacklevel=2)
         knobs = {k: _typed(v) for k, v in knobs.items() if k not in ("max_batch_size",)}
-        # policy / cache None: the family's default (``policies.defaults.resolve_policy``)
+        # policy / cache None: the family's default (``policies.defaults.apply_family_default``)
         self.knobs: dict[str, Any] = {"policy": None, "cache": None, **knobs}
         from dllm_decode.text import stop_token_ids
 
@@ -185,7 +185,7 @@ class DllmDecodeLM(LM):
     def _sampler(self, settings: dict[str, Any]) -> Any:
         """The sampler for ``settings``: ``policy``, ``cache``, optional ``stopper`` /
         ``truncator`` (composition, as on the CLI) and flat parameters (``stopper.NAME``...)."""
-        from dllm_decode.policies.defaults import resolve_policy
+        from dllm_decode.policies.defaults import apply_family_default
         from dllm_decode.samplers.build import build_sampler
 
         key = tuple(sorted((k, str(v)) for k, v in settings.items()))
@@ -193,7 +193,7 @@ class DllmDecodeLM(LM):
             rest = dict(settings)
             policy, cache = rest.pop("policy"), rest.pop("cache")
             stopper, truncator = rest.pop("stopper", None), rest.pop("truncator", None)
-            policy, rest, cache = resolve_policy(self.model, policy, rest, cache)
+            policy, rest, cache = apply_family_default(self.model, policy, rest, cache)
             self._samplers[key] = build_sampler(self.model, policy, stopper=stopper,
                                                 truncator=truncator, cache=cache, params=rest)
         return self._samplers[key]

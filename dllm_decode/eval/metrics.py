@@ -3,9 +3,10 @@
 Conventions (see ``shared/research/evaluation.md`` section 3):
 
 * **NFE**: model forward passes per sample (cache refreshes and verifier passes count).
-* **TPF** (tokens per forward): *micro* = sum(tokens) / sum(NFE); *macro* = mean(tokens_i / NFE_i).
-  Which tokens count is the caller's choice: ``gen_tokens_useful`` (up to the first EOS) or
-  ``gen_tokens_budget`` (the generation length, ParallelBench's "tokens per step").
+* **TPF** (tokens per forward, ``dllm_decode.speed``): *micro* = sum(tokens) / sum(NFE); *macro*
+  = mean(tokens_i / NFE_i), with the answer tokens up to the first EOS (``gen_tokens_useful``).
+  The same pooled ratio over ``gen_tokens_budget`` (the generation length, EOS fill included) is
+  ParallelBench's "tokens per step", reported under that name.
 * **Tokens per second** = sum(tokens) / sum(seconds); **speed-up** = method / baseline
   throughput (or baseline NFE / method NFE for a hardware-independent speed-up).
 * **QPS** (SchED): speedup * (score / baseline_score) ** gamma, gamma = 4.
@@ -22,6 +23,8 @@ from collections.abc import Sequence
 from typing import Final
 
 import numpy as np
+
+from dllm_decode.speed import tokens_per_forward
 
 #: SchED's quality exponent: a 1 % score drop costs about 4 % of the speed-up.
 QPS_GAMMA: Final[float] = 4.0
@@ -49,13 +52,9 @@ def nfe_mean(nfe: Sequence[float]) -> float:
     return float(sum(nfe)) / len(nfe)
 
 
-def tpf_micro(tokens: Sequence[float], nfe: Sequence[float]) -> float:
-    """Tokens per forward, pooled: ``sum(tokens) / sum(nfe)`` (dInfer's "TPF")."""
-    _check_same_length(tokens, nfe)
-    total = float(sum(nfe))
-    if total <= 0:
-        raise ValueError("total NFE must be > 0")
-    return float(sum(tokens)) / total
+#: tokens per forward, pooled: ``sum(tokens) / sum(nfe)`` (dInfer's "TPF"; ``speed``'s one
+#: definition, with the answer tokens up to EOS as ``tokens``)
+tpf_micro = tokens_per_forward
 
 
 def tpf_macro(tokens: Sequence[float], nfe: Sequence[float]) -> float:

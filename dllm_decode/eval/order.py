@@ -12,6 +12,11 @@ steps, scaled to [0, 1] (0 = committed in the first round, 1 = in the last). Per
 * ``t_q1`` .. ``t_q4``: mean commit time of the positions in each quarter of the useful span
   (left-to-right decoding gives about 0, 0.33, 0.67, 1; all-at-once 0, 0, 0, 0).
 
+Rows are grouped per configuration: ``method_of(config)`` (model, policy, cache, block,
+temperature) and, when ``config_of`` is given, ``config_of(config)`` (parameters, steps, gen
+length), so configurations that differ only in a parameter (``low_confidence`` at 1 and 4 tokens
+per step, a policy's ``growth=1`` and ``growth=2``) stay apart.
+
 Rows written before ``commit_steps`` was recorded are skipped.
 """
 
@@ -67,18 +72,27 @@ def row_summary(row: Mapping[str, Any]) -> dict[str, float] | None:
     return out
 
 
-def order_table(rows: Sequence[Row], method_of: Any) -> list[Row]:
-    """One row per method (``method_of(config) -> label``) with the summaries above."""
-    groups: dict[str, list[Row]] = defaultdict(list)
+def _groups(rows: Sequence[Row], method_of: Any, config_of: Any) -> dict[tuple[str, str],
+                                                                          list[Row]]:
+    """Rows by ``(method_of(config), config_of(config) or "")``."""
+    groups: dict[tuple[str, str], list[Row]] = defaultdict(list)
     for row in rows:
-        groups[method_of(row["config"])].append(row)
+        config = row["config"]
+        groups[method_of(config), config_of(config) if config_of else ""].append(row)
+    return groups
+
+
+def order_table(rows: Sequence[Row], method_of: Any, config_of: Any = None) -> list[Row]:
+    """One row per configuration (``method_of(config)`` and, if given, ``config_of(config)``
+    -> labels; columns ``method`` and ``config``) with the summaries above."""
     out = []
-    for method, members in sorted(groups.items()):
+    for (method, config), members in sorted(_groups(rows, method_of, config_of).items()):
         summaries = [s for s in (row_summary(r) for r in members) if s is not None]
         if not summaries:
             continue
         taus = [r["decoding_order_tau"] for r in members if r.get("decoding_order_tau") is not None]
-        entry: Row = {"method": method, "rows": len(summaries),
+        entry: Row = {"method": method, **({"config": config} if config_of else {}),
+                      "rows": len(summaries),
                       "order_kendall_tau": sum(taus) / len(taus) if taus else None}
         for key in summaries[0]:
             entry[key] = sum(s[key] for s in summaries) / len(summaries)
@@ -86,19 +100,23 @@ def order_table(rows: Sequence[Row], method_of: Any) -> list[Row]:
     return out
 
 
-def order_plot(rows: Sequence[Row], method_of: Any, path: str | Path) -> Path | None:
-    """Mean commit time vs relative position (``PLOT_BINS`` bins), one line per method.
+def order_plot(rows: Sequence[Row], method_of: Any, path: str | Path,
+               config_of: Any = None) -> Path | None:
+    """Mean commit time vs relative position (``PLOT_BINS`` bins), one line per configuration
+    (grouped as ``order_table``).
 
     Returns the PNG path, or ``None`` when no row has ``commit_steps``.
     """
     curves: dict[str, list[list[float]]] = defaultdict(lambda: [[] for _ in range(PLOT_BINS)])
-    for row in rows:
-        steps = row.get("commit_steps")
-        if not steps:
-            continue
-        n = min(_useful(row), len(steps))
-        for i, t in enumerate(commit_times(list(steps[:n]), n)):
-            curves[method_of(row["config"])][min(i * PLOT_BINS // n, PLOT_BINS - 1)].append(t)
+    for (method, config), members in _groups(rows, method_of, config_of).items():
+        label = f"{method} {config}".strip()
+        for row in members:
+            steps = row.get("commit_steps")
+            if not steps:
+                continue
+            n = min(_useful(row), len(steps))
+            for i, t in enumerate(commit_times(list(steps[:n]), n)):
+                curves[label][min(i * PLOT_BINS // n, PLOT_BINS - 1)].append(t)
     if not curves:
         return None
     from matplotlib.backends.backend_agg import FigureCanvasAgg

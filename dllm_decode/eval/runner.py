@@ -16,7 +16,8 @@ flushed and fsynced) and skips ``(config_hash, task, doc_id)`` keys already pres
 rows file of the output directory; a truncated last line (a crash mid-write) is dropped.
 Under ``torchrun`` (``WORLD_SIZE > 1``) a gloo process group is created, work units are dealt
 round-robin over ranks, and rank 0 merges everything into ``rows.jsonl`` sorted by
-``(config_hash, task, doc_id)``.
+``(config_hash, task, doc_id)``. Rank 0 also writes ``run.json``: the rows each config is to
+produce (``rows.write_plan``), from which ``eval analyze`` tells an incomplete run.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from typing import Any
 import torch
 
 from dllm_decode.eval.decoding import DecodeFn, check_block_length, sampler_decode_fn
+from dllm_decode.eval.distributed import barrier, process_group, sum_over_ranks
 from dllm_decode.eval.metrics import kendall_tau
 from dllm_decode.eval.parallelbench.codec import Codec, useful_length
 from dllm_decode.eval.parallelbench.grid import DecodeConfig, Grid, expand_configs
@@ -45,6 +47,7 @@ from dllm_decode.eval.parallelbench.rows import (
     read_rows,
     row_key,
     rows_files,
+    write_plan,
 )
 from dllm_decode.eval.parallelbench.tasks import task_spec
 from dllm_decode.eval.parallelbench.text_graders import TextBackends
@@ -77,43 +80,10 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             out[name] = None
     if out["dllm_decode"] is None:
-        import dllm_decode
+        from dllm_decode.version import __version__
 
-        out["dllm_decode"] = getattr(dllm_decode, "__version__", None)
+        out["dllm_decode"] = __version__
     return out
-
-
-# ---------------------------------------------------------------- distributed
-
-
-def _distributed() -> tuple[int, int, bool]:
-    """``(rank, world_size, created_here)``; creates a gloo group when ``WORLD_SIZE > 1``."""
-    import torch.distributed as dist
-
-    if dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size(), False
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        dist.init_process_group("gloo")
-        return dist.get_rank(), dist.get_world_size(), True
-    return 0, 1, False
-
-
-def _barrier(world: int) -> None:
-    if world > 1:
-        import torch.distributed as dist
-
-        dist.barrier()
-
-
-def _sum_over_ranks(world: int, *counts: int) -> tuple[int, ...]:
-    """``counts`` summed over every rank (one gloo all-reduce; unchanged on one process)."""
-    if world <= 1:
-        return counts
-    import torch.distributed as dist
-
-    total = torch.tensor(counts, dtype=torch.long)
-    dist.all_reduce(total)
-    return tuple(int(c) for c in total.tolist())
 
 
 # ---------------------------------------------------------------- the run
@@ -208,8 +178,10 @@ def run_grid(
         raise KeyError(f"no records for tasks {missing}")
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    rank, world, created = _distributed()
+    rank, world, created = process_group()
     units = _work_units(grid, records, model)
+    if rank == 0:  # what the run is meant to produce, for ``eval analyze``
+        write_plan(out, (config.config_hash for config, _, _ in units))
     done = {row_key(row) for path in rows_files(out) for row in read_rows(path)}
     mine = units[rank::world]
     todo = [u for u in mine if (u[0].config_hash, u[1], u[2]) not in done]
@@ -221,7 +193,6 @@ def run_grid(
     try:
         for batch in _batches(todo, grid.batch_size):
             config, task = batch[0][0], batch[0][1]
-            spec = task_spec(task)
             for _, _, doc_id in batch:
                 if (task, doc_id) not in prompts:
                     prompts[task, doc_id] = codec.encode(task, records[task][doc_id])
@@ -230,50 +201,77 @@ def run_grid(
                 for _ in range(grid.warmup):
                     decode(ids, mask, config)
                 warmed.add(config)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            start = time.perf_counter()
-            generation = decode(ids, mask, config)
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
-            per_sample = (time.perf_counter() - start) / len(batch)
-            answers = generation.answer.tolist()
-            lengths = getattr(generation, "lengths", None)  # EoTP-style truncation, if any
-            if lengths is not None:
-                answers = [a[: int(n)] for a, n in zip(answers, lengths.tolist(), strict=True)]
-            nfe, commit = generation.nfe.tolist(), generation.commit_step.tolist()
-            for row_i, (_, _, doc_id) in enumerate(batch):
-                record = records[task][doc_id]
-                answer = answers[row_i]
-                useful = useful_length(answer, codec.eos_token_ids)
-                prediction = codec.decode(answer)
-                graded = spec.grade(prediction, record, backends=backends)
-                writer.write({
-                    "task": task, "category": spec.category, "doc_id": doc_id,
-                    "prediction": prediction, "reference": _reference(record),
-                    "score": graded["score"], "score_strict": graded.get("score_strict"),
-                    "components": {
-                        k: v for k, v in graded.items() if k not in ("score", "score_strict")
-                    },
-                    "nfe": int(nfe[row_i]), "gen_tokens_useful": useful,
-                    "gen_tokens_budget": config.gen_length, "wall_time_s": per_sample,
-                    "prompt_tokens": len(prompts[task, doc_id]),
-                    "decoding_order_tau": kendall_tau(commit[row_i], useful),
-                    "commit_steps": commit[row_i],
-                    "config": config.as_dict(), "config_hash": config.config_hash,
-                    "versions": stamp,
-                })  # fmt: skip
+            generation, per_sample = _timed_decode(decode, ids, mask, config, len(batch))
+            for row in _graded_rows(batch, generation, records, prompts, codec, backends):
+                writer.write({**row, "wall_time_s": per_sample, "versions": stamp})
             bar.update(len(batch))
     finally:
         bar.close()
         writer.close()
-    written_all, resumed_all = _sum_over_ranks(world, len(todo), len(mine) - len(todo))
+    return _finish_run(out, units, todo, mine, rank, world, created, grid)
+
+
+def _timed_decode(decode: DecodeFn, ids: torch.Tensor, mask: torch.Tensor, config: DecodeConfig,
+                  n: int) -> tuple[Any, float]:
+    """``decode(ids, mask, config)`` and its wall time per sample (GPU work synchronised)."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    generation = decode(ids, mask, config)
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+    return generation, (time.perf_counter() - start) / n
+
+
+def _graded_rows(batch: list[tuple[DecodeConfig, str, int]], generation: Any,
+                 records: Mapping[str, list[dict[str, Any]]],
+                 prompts: Mapping[tuple[str, int], list[int]], codec: Codec,
+                 backends: TextBackends | None) -> list[dict[str, Any]]:
+    """One result row per sample of a decoded batch: the prediction, its grade, NFE, useful
+    length and decoding order (without the wall time and versions, which the caller adds)."""
+    config, task = batch[0][0], batch[0][1]
+    spec = task_spec(task)
+    answers = generation.answer.tolist()
+    lengths = getattr(generation, "lengths", None)  # EoTP-style truncation, if any
+    if lengths is not None:
+        answers = [a[: int(n)] for a, n in zip(answers, lengths.tolist(), strict=True)]
+    nfe, commit = generation.nfe.tolist(), generation.commit_step.tolist()
+    rows = []
+    for row_i, (_, _, doc_id) in enumerate(batch):
+        record = records[task][doc_id]
+        answer = answers[row_i]
+        useful = useful_length(answer, codec.eos_token_ids)
+        prediction = codec.decode(answer)
+        graded = spec.grade(prediction, record, backends=backends)
+        rows.append({
+            "task": task, "category": spec.category, "doc_id": doc_id,
+            "prediction": prediction, "reference": _reference(record),
+            "score": graded["score"], "score_strict": graded.get("score_strict"),
+            "components": {
+                k: v for k, v in graded.items() if k not in ("score", "score_strict")
+            },
+            "nfe": int(nfe[row_i]), "gen_tokens_useful": useful,
+            "gen_tokens_budget": config.gen_length, "wall_time_s": None,
+            "prompt_tokens": len(prompts[task, doc_id]),
+            "decoding_order_tau": kendall_tau(commit[row_i], useful),
+            "commit_steps": commit[row_i],
+            "config": config.as_dict(), "config_hash": config.config_hash,
+            "versions": None,
+        })  # fmt: skip
+    return rows
+
+
+def _finish_run(out: Path, units: list[Any], todo: list[Any], mine: list[Any], rank: int,
+                world: int, created: bool, grid: Grid) -> RunSummary:
+    """Merge the ranks' rows (rank 0), close the process group this run opened, and the
+    ``RunSummary``."""
+    written_all, resumed_all = sum_over_ranks(world, len(todo), len(mine) - len(todo))
     rows_path, merged = out / ROWS_FILE, -1
     if rank == 0:
         rows_path = merge_rows(out)
         with rows_path.open() as handle:
             merged = sum(1 for line in handle if line.strip())
-    _barrier(world)
+    barrier(world)
     if created:
         import torch.distributed as dist
 
@@ -314,7 +312,7 @@ def load_records(
         for task in grid.tasks:
             seed = split_seed(task, "test") + grid.data_seed
             if testbed:
-                from dllm_decode.train.testbed import waiting_line_records
+                from dllm_decode.eval.parallelbench.testbed import waiting_line_records
 
                 loaded[task] = waiting_line_records(task, grid.num_samples, seed)
                 continue
@@ -337,7 +335,7 @@ def _tokenizer_source(model: str, explicit: str | None) -> str:
 def _testbed_codec(model: str) -> Any:
     """The word-level codec of a test-bed checkpoint (``None`` for any other model)."""
     from dllm_decode.models.loading import resolve_path
-    from dllm_decode.train.testbed import codec_for
+    from dllm_decode.models.oracle import codec_for
 
     try:
         return codec_for(resolve_path(model))
@@ -352,9 +350,9 @@ def run_sweep(args: Any) -> RunSummary:
     ``limit``, ``batch_size``, ``device``, ``dtype`` (default bfloat16 on GPU, float32 on CPU),
     ``no_progress`` attributes. Under ``torchrun`` each rank uses ``cuda:LOCAL_RANK``.
     """
-    from dllm_decode import load_model
     from dllm_decode.eval.parallelbench.codec import ModelCodec, TokenizerCodec
     from dllm_decode.eval.parallelbench.grid import load_grid
+    from dllm_decode.models.loading import load_model
 
     grid = load_grid(args.grid)
     overrides = {k: getattr(args, k, None) for k in ("batch_size",)}

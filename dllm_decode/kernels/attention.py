@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import Tensor
 
-from dllm_decode import kernels as _k
+from dllm_decode.kernels import dispatch as _k
 from dllm_decode.kernels import reference
 from dllm_decode.kernels.common import AttentionOutput, check_attention, check_kv_write
 from dllm_decode.types import Impl

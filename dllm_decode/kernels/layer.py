@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from dllm_decode import kernels as _k
+from dllm_decode.kernels import dispatch as _k
 from dllm_decode.kernels import layer_reference as ref
 from dllm_decode.kernels.layer_reference import RopeRows, rope_rows
 from dllm_decode.types import Impl

@@ -24,6 +24,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 
+def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
+    """positions ``[B, N]`` -> cos, sin ``[B, 1, N, D]`` in fp32 (rotate-half layout)."""
+    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
+                                             dtype=torch.float) / head_dim))
+    freqs = positions.float()[..., None] * inv_freq  # [B, N, D/2]
+    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
+    return emb.cos(), emb.sin()
+
+
 class RopeRows(NamedTuple):
     """RoPE tables of one forward in the layout the fused ops read, built once per forward.
 

@@ -382,3 +382,13 @@ def block_attention(
     p = torch.exp(s - torch.where(lse == -math.inf, 0.0, lse)[..., None])
     out = torch.einsum("bgjqk,bgkd->bgjqd", p, v).reshape(b, h, lq, d).to(q.dtype)
     return AttentionOutput(out, lse.reshape(b, h, lq))
+
+
+def block_causal_mask(q_pos: Tensor, k_pos: Tensor, block_size: int) -> Tensor:
+    """``[B, Nq]``, ``[B, Nk]`` absolute positions -> ``[B, Nq, Nk]`` bool.
+
+    Query at position i sees key j iff ``j // block_size <= i // block_size``: bidirectional
+    inside a block, causal across blocks, blocks aligned to absolute positions. Block size 1
+    is a plain causal mask.
+    """
+    return (k_pos[:, None, :] // block_size) <= (q_pos[:, :, None] // block_size)

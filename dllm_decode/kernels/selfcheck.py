@@ -26,6 +26,9 @@ from typing import Final
 import torch
 from torch import Tensor
 
+from dllm_decode.kernels import attention, layer, vocab
+from dllm_decode.kernels.layer_reference import rope_cos_sin
+
 #: float tolerance (max absolute error) per input dtype
 TOLERANCE: Final = {torch.float32: 2e-3, torch.float16: 2e-2, torch.bfloat16: 5e-2}
 #: numpy's floating-point warnings (message patterns) that the Triton interpreter raises on
@@ -64,35 +67,29 @@ def _compare(pairs: dict[str, tuple[Tensor, Tensor]], exact: tuple[str, ...],
 
 
 def _confidence(device: torch.device, dtype: torch.dtype) -> str | None:
-    from dllm_decode import kernels
-
     x = _rand(6, 1003, seed=1, scale=3.0).to(device, dtype)
-    got = kernels.confidence_stats(x, impl="triton")
-    want = kernels.confidence_stats(x, impl="reference")
+    got = vocab.confidence_stats(x, impl="triton")
+    want = vocab.confidence_stats(x, impl="reference")
     return _compare({k: (got[k], want[k]) for k in want}, ("token",), TOLERANCE[dtype])
 
 
 def _gumbel(device: torch.device, dtype: torch.dtype) -> str | None:
-    from dllm_decode import kernels
-
     x = _rand(6, 1003, seed=2, scale=3.0).to(device, dtype)
     noise = torch.rand(x.shape, dtype=torch.float64,
                        generator=torch.Generator().manual_seed(3)).to(device)
-    got = kernels.gumbel_sample(x, 0.8, noise=noise, impl="triton")
-    want = kernels.gumbel_sample(x, 0.8, noise=noise, impl="reference")
+    got = vocab.gumbel_sample(x, 0.8, noise=noise, impl="triton")
+    want = vocab.gumbel_sample(x, 0.8, noise=noise, impl="reference")
     return _compare({"token": (got.token, want.token), "p_token": (got.p_token, want.p_token)},
                     ("token",), TOLERANCE[dtype])
 
 
 def _propose(device: torch.device, dtype: torch.dtype) -> str | None:
-    from dllm_decode import kernels
-
     x = _rand(2, 3, 1003, seed=4, scale=3.0).to(device, dtype)
     noise = torch.rand(x.shape, dtype=torch.float64,
                        generator=torch.Generator().manual_seed(5)).to(device)
     for temperature in (0.0, 0.8):
-        got = kernels.propose(x, temperature=temperature, noise=noise, impl="triton")
-        want = kernels.propose(x, temperature=temperature, noise=noise, impl="reference")
+        got = vocab.propose(x, temperature=temperature, noise=noise, impl="triton")
+        want = vocab.propose(x, temperature=temperature, noise=noise, impl="reference")
         error = _compare({"tokens": (got.tokens, want.tokens), "greedy": (got.greedy, want.greedy),
                           "prob": (got.prob, want.prob), "margin": (got.margin, want.margin),
                           "neg_entropy": (got.neg_entropy, want.neg_entropy)},
@@ -103,29 +100,25 @@ def _propose(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _kv_write(device: torch.device, dtype: torch.dtype) -> str | None:
-    from dllm_decode import kernels
-
     caches = [_rand(2, 2, 12, 16, seed=s).to(device, dtype) for s in (6, 7)]
     k_new, v_new = (_rand(2, 2, 4, 16, seed=s).to(device, dtype) for s in (8, 9))
     pos = torch.tensor([1, 6], device=device)
     out = {}
     for impl in ("triton", "reference"):
         k, v = caches[0].clone(), caches[1].clone()
-        kernels.kv_write_(k, v, k_new, v_new, pos, impl=impl)
+        attention.kv_write_(k, v, k_new, v_new, pos, impl=impl)
         out[impl] = (k, v)
     return _compare({"k_cache": (out["triton"][0], out["reference"][0]),
                      "v_cache": (out["triton"][1], out["reference"][1])}, (), 0.0)
 
 
 def _attention(device: torch.device, dtype: torch.dtype) -> str | None:
-    from dllm_decode import kernels
-
     q = _rand(2, 4, 5, 16, seed=10).to(device, dtype)
     k, v = (_rand(2, 2, 12, 16, seed=s).to(device, dtype) for s in (11, 12))
     k_new, v_new = (_rand(2, 2, 5, 16, seed=s).to(device, dtype) for s in (13, 14))
     start = torch.tensor([0, 2], dtype=torch.int32, device=device)
     end = torch.tensor([7, 12], dtype=torch.int32, device=device)
-    res = {impl: kernels.block_attention(q, k, v, start, end, k_new=k_new, v_new=v_new,
+    res = {impl: attention.block_attention(q, k, v, start, end, k_new=k_new, v_new=v_new,
                                          return_lse=True, impl=impl)
            for impl in ("triton", "reference")}
     return _compare({"out": (res["triton"].out, res["reference"].out),
@@ -133,19 +126,16 @@ def _attention(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _qkv_rope(device: torch.device, dtype: torch.dtype) -> str | None:
-    from dllm_decode import kernels
-    from dllm_decode.models.functional import rope_cos_sin
-
     heads, kv_heads, dim = 4, 2, 16
     qkv = _rand(2, 5, (heads + 2 * kv_heads) * dim, seed=15).to(device, dtype)
-    rope = kernels.rope_rows(*rope_cos_sin(torch.arange(3, 13, device=device).view(2, 5), dim,
+    rope = layer.rope_rows(*rope_cos_sin(torch.arange(3, 13, device=device).view(2, 5), dim,
                                            10000.0))
     w = [(1 + _rand(dim, seed=s, scale=0.1)).to(device, dtype) for s in (16, 17)]
     slots = torch.tensor([[0, 1, 2, 3, 4], [7, 6, 5, 4, 3]], device=device)
     out = {}
     for impl in ("triton", "reference"):
         k, v = (torch.zeros(2, kv_heads, 9, dim, dtype=dtype, device=device) for _ in "kv")
-        qk = kernels.qkv_rope(qkv.clone(), rope, heads, kv_heads, dim, q_norm=w[0], k_norm=w[1],
+        qk = layer.qkv_rope(qkv.clone(), rope, heads, kv_heads, dim, q_norm=w[0], k_norm=w[1],
                               eps=1e-6, k_cache=k, v_cache=v, slots=slots, impl=impl)
         out[impl] = (qk, k, v)
     return _compare({name: (out["triton"][i], out["reference"][i])
@@ -154,11 +144,9 @@ def _qkv_rope(device: torch.device, dtype: torch.dtype) -> str | None:
 
 
 def _silu_mul(device: torch.device, dtype: torch.dtype) -> str | None:
-    from dllm_decode import kernels
-
     x = _rand(3, 5, 2 * 40, seed=18, scale=3.0).to(device, dtype)
-    return _compare({"out": (kernels.silu_mul(x, impl="triton"),
-                             kernels.silu_mul(x, impl="reference"))}, (), TOLERANCE[dtype])
+    return _compare({"out": (layer.silu_mul(x, impl="triton"),
+                             layer.silu_mul(x, impl="reference"))}, (), TOLERANCE[dtype])
 
 
 #: op name (as ``kernels`` exports it) -> check returning an error description or None

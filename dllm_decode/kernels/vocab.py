@@ -10,7 +10,7 @@ from collections.abc import Collection
 import torch
 from torch import Tensor
 
-from dllm_decode import kernels as _k
+from dllm_decode.kernels import dispatch as _k
 from dllm_decode.kernels import reference
 from dllm_decode.kernels.common import (
     STAT_NAMES,

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, replace
-from typing import Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -30,37 +29,8 @@ from dllm_decode.models.functional import (  # noqa: F401 (re-exported)
     sdpa,
 )
 from dllm_decode.models.fused import FusedLayer
-from dllm_decode.types import Impl
-
-
-@runtime_checkable
-class DiffusionLM(Protocol):
-    """What the sampler needs from a model.
-
-    ``forward(tokens [B, N], positions [B, N]) -> logits [B, N, V]`` with ``logits[:, i]``
-    predicting ``tokens[:, i]``. Models trained with the AR shift (Dream) undo it inside; for
-    such models (``logit_shift == 1``) the first fed row has no left neighbour, so its logits are
-    only meaningful when it sits at canvas position 0.
-    """
-
-    mask_token_id: int
-    eos_token_ids: tuple[int, ...]
-    attention: str  # "bidirectional" | "block_causal"
-    block_size: int | None
-    logit_shift: int
-    vocab_size: int
-    max_length: int
-
-    def forward(
-        self,
-        tokens: Tensor,
-        positions: Tensor,
-        *,
-        cache: BlockKVCache | None = None,
-        slots: Tensor | None = None,
-        mask: Tensor | None = None,
-        store: bool = True,
-    ) -> Tensor: ...
+from dllm_decode.models.norm import RMSNorm  # noqa: F401 (re-exported)
+from dllm_decode.types import DiffusionLM, Impl  # noqa: F401 (DiffusionLM re-exported)
 
 
 @dataclass(frozen=True)
@@ -100,21 +70,6 @@ class ModelSpec:
                              f"{self.attention!r}")
         if self.attention == "block_causal" and not self.block_size:
             raise ValueError("a block_causal model needs block_size >= 1")
-
-
-class RMSNorm(nn.Module):
-    """``weight * x / sqrt(mean(x^2) + eps)`` computed in fp32, cast back before the weight."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.eps = eps
-        self.weight = nn.Parameter(torch.ones(dim))
-
-    def forward(self, x: Tensor) -> Tensor:
-        dtype = x.dtype
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(dtype)
 
 
 class Attention(nn.Module):

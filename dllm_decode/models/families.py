@@ -28,7 +28,7 @@ from dllm_decode.models.llada import LLaDAModel, llada_config, llada_spec
 from dllm_decode.models.llada2 import LLaDA2MoEModel, llada2_config, llada2_spec
 from dllm_decode.models.llada_moe import LLaDAMoEModel, llada_moe_config, llada_moe_spec
 from dllm_decode.models.sdar_moe import SDARMoEModel, sdar_moe_config, sdar_moe_spec
-from dllm_decode.models.weights import CheckpointError, read_json
+from dllm_decode.models.weights import CheckpointError, MaskTokenIdError, read_json
 
 #: model_type (as written in config.json, case-insensitive) -> (class, spec parser, writer)
 FAMILIES: dict[str, tuple[type[DecoderLM], Callable[[dict], ModelSpec], Callable]] = {
@@ -100,10 +100,11 @@ def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
         ids.append(("pad_token_id", spec.pad_token_id))
     for name, value in ids:
         if not 0 <= int(value) < spec.vocab_size:
-            raise CheckpointError(f"{where}: {name} {value} is outside the vocabulary "
-                                  f"[0, {spec.vocab_size}); fix {name} or vocab_size"
-                                  + ("" if name != "mask_token_id" else
-                                     " (or pass load_model(..., mask_token_id=...))"))
+            error = MaskTokenIdError if name == "mask_token_id" else CheckpointError
+            raise error(f"{where}: {name} {value} is outside the vocabulary "
+                        f"[0, {spec.vocab_size}); fix {name} or vocab_size"
+                        + ("" if name != "mask_token_id" else
+                           " (or pass load_model(..., mask_token_id=...))"))
     return spec
 
 

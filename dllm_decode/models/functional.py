@@ -1,6 +1,8 @@
 """Stateless tensor helpers of the decoders (``models/base.py``, ``models/fused.py``,
-``models/moe_decoder.py``): RoPE tables and rotation, the block-causal attention mask, and the
-attention core shared by every attention module (cache read/write, SDPA, the kernel path)."""
+``models/moe_decoder.py``): RoPE rotation and the attention core shared by every attention
+module (cache read/write, SDPA, the kernel path). The RoPE tables (``rope_cos_sin``) live with
+the kernels that read them (``kernels.layer_reference``) and the block-causal mask with the
+attention reference (``kernels.reference``); both are re-exported here."""
 
 from __future__ import annotations
 
@@ -12,19 +14,12 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dllm_decode import kernels
+from dllm_decode.kernels.layer_reference import rope_cos_sin  # noqa: F401 (re-exported)
+from dllm_decode.kernels.reference import block_causal_mask  # noqa: F401 (re-exported)
 from dllm_decode.types import Impl
 
 if TYPE_CHECKING:
     from dllm_decode.cache.kv import BlockKVCache
-
-
-def rope_cos_sin(positions: Tensor, head_dim: int, theta: float) -> tuple[Tensor, Tensor]:
-    """positions ``[B, N]`` -> cos, sin ``[B, 1, N, D]`` in fp32 (rotate-half layout)."""
-    inv_freq = 1.0 / (theta ** (torch.arange(0, head_dim, 2, device=positions.device,
-                                             dtype=torch.float) / head_dim))
-    freqs = positions.float()[..., None] * inv_freq  # [B, N, D/2]
-    emb = torch.cat((freqs, freqs), dim=-1)[:, None]
-    return emb.cos(), emb.sin()
 
 
 def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
@@ -33,16 +28,6 @@ def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
     x1, x2 = xf.chunk(2, dim=-1)
     rotated = torch.cat((-x2, x1), dim=-1)
     return (xf * cos + rotated * sin).to(x.dtype)
-
-
-def block_causal_mask(q_pos: Tensor, k_pos: Tensor, block_size: int) -> Tensor:
-    """``[B, Nq]``, ``[B, Nk]`` absolute positions -> ``[B, Nq, Nk]`` bool.
-
-    Query at position i sees key j iff ``j // block_size <= i // block_size``: bidirectional
-    inside a block, causal across blocks, blocks aligned to absolute positions. Block size 1
-    is a plain causal mask.
-    """
-    return (k_pos[:, None, :] // block_size) <= (q_pos[:, :, None] // block_size)
 
 
 def qkv_heads(attn: nn.Module, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:

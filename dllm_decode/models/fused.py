@@ -13,7 +13,7 @@ readable reference), with the launches cut for a GPU decode step at batch 1:
   place in the GEMM output, and SwiGLU's ``silu(gate) * up`` is ``kernels.silu_mul``: one
   Triton launch each on CUDA, a few torch ops elsewhere; no separate dtype round trips.
 
-Launches per layer, batch-1 cached forward (``models.launches``): 14 on the torch path
+Launches per layer, batch-1 cached forward (``diagnostics.launches``): 14 on the torch path
 (17 with q/k norm), 9 on CUDA's ``auto`` path (SDPA + Triton layer ops).
 """
 
@@ -29,6 +29,7 @@ from dllm_decode import kernels
 from dllm_decode.cache.kv import BlockKVCache
 from dllm_decode.kernels.layer_reference import RopeRows, split_qkv
 from dllm_decode.models.functional import kernel_attention, sdpa
+from dllm_decode.models.norm import RMSNorm
 from dllm_decode.types import Impl
 
 #: fused parameter -> the unfused (released) parameters it holds, in order
@@ -72,8 +73,6 @@ class FusedAttention(nn.Module):
         self.qkv = nn.Linear(h, sum(self.sizes), bias=spec.qkv_bias)
         self.o_proj = nn.Linear(spec.num_heads * hd, h, bias=False)
         if spec.qk_norm:
-            from dllm_decode.models.base import RMSNorm
-
             self.q_norm = RMSNorm(hd, spec.norm_eps)
             self.k_norm = RMSNorm(hd, spec.norm_eps)
         self._register_state_dict_hook(
@@ -147,8 +146,6 @@ class FusedLayer(nn.Module):
 
     def __init__(self, spec: Any) -> None:
         super().__init__()
-        from dllm_decode.models.base import RMSNorm
-
         self.attn_norm = RMSNorm(spec.hidden_size, spec.norm_eps)
         self.attn = FusedAttention(spec)
         self.mlp_norm = RMSNorm(spec.hidden_size, spec.norm_eps)

@@ -66,10 +66,23 @@ def cache_dir() -> Path:
     return Path(constants.HF_HUB_CACHE)
 
 
-def _what_to_do(repo_id: str) -> str:
-    return (f"download it once with network access (`hf download {repo_id}`, or call again "
-            f"without HF_HUB_OFFLINE=1 / local_files_only=True), point HF_HUB_CACHE at a cache "
-            f"that has it, or pass a local directory with config.json and *.safetensors")
+def _offline_switches(local_files_only: bool | None) -> list[str]:
+    """What turned downloads off: ``local_files_only=True``, else the variables that are set,
+    else huggingface_hub's own setting."""
+    if local_files_only:
+        return ["local_files_only=True"]
+    found = [f"{v}={os.environ[v]}" for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")
+             if os.environ.get(v, "").strip().lower() in _TRUE]
+    return found or ["huggingface_hub.constants.HF_HUB_OFFLINE"]
+
+
+def _what_to_do(repo_id: str, switches: list[str]) -> str:
+    """The fixes for a snapshot missing from the cache; ``switches``: what turned downloads
+    off (empty when they were on: then switching them on again is no fix)."""
+    again = f", or call again without {' / '.join(switches)}" if switches else ""
+    return (f"download it once with network access (`hf download {repo_id}`{again}), point "
+            f"HF_HUB_CACHE at a cache that has it, or pass a local directory with config.json "
+            f"and *.safetensors")
 
 
 def snapshot(repo_id: str, *, revision: str | None = None, patterns: tuple[str, ...],
@@ -128,11 +141,12 @@ def snapshot(repo_id: str, *, revision: str | None = None, patterns: tuple[str, 
         raise HubError(f"{where}: the revision does not exist; pass an existing branch, tag or "
                        f"commit") from err
     except LocalEntryNotFoundError as err:
-        mode = ("downloads are off (HF_HUB_OFFLINE=1 or local_files_only=True)" if local_only
+        switches = _offline_switches(local_files_only) if local_only else []
+        mode = (f"downloads are off ({' / '.join(switches)})" if local_only
                 else "the Hub could not be reached")
         raise HubError(f"{purpose} {where} is not a local directory, not in the Hub cache "
                        f"{cache} (or its snapshot there is "
-                       f"incomplete) and {mode}: {_what_to_do(repo_id)}") from err
+                       f"incomplete) and {mode}: {_what_to_do(repo_id, switches)}") from err
     except Exception as err:
         network = isinstance(err, (OSError, ConnectionError)) or \
             type(err).__module__.split(".")[0] in ("httpx", "httpx2", "requests", "urllib3")
@@ -149,7 +163,8 @@ def check_model_snapshot(directory: Path, repo_id: str) -> None:
     """Raise ``HubError`` naming the first file a model load needs that the snapshot lacks."""
     def missing(name: str, why: str) -> HubError:
         return HubError(f"the Hub snapshot of {repo_id!r} at {directory} has no {name} ({why}): "
-                        f"the cache is incomplete; {_what_to_do(repo_id)}")
+                        f"the cache is incomplete; "
+                        f"{_what_to_do(repo_id, _offline_switches(None) if offline() else [])}")
 
     if not (directory / "config.json").is_file():
         raise missing("config.json", "the architecture")

@@ -24,6 +24,7 @@ outputs with a reference (the conformance fixtures) can tell.
 
 from __future__ import annotations
 
+import difflib
 import json
 import math
 from pathlib import Path
@@ -92,8 +93,10 @@ def resolve_path(name_or_path: str | Path, *, revision: str | None = None,
     if looks_like_hub_id(name_or_path):
         return snapshot(str(name_or_path), revision=revision, patterns=patterns,
                         local_files_only=local_files_only, token=token, purpose=purpose)
+    close = difflib.get_close_matches(str(name_or_path), bundled_models(), n=1)
+    hint = f" (did you mean the bundled {close[0]!r}?)" if close else ""
     raise FileNotFoundError(
-        f"no model directory {str(name_or_path)!r}; pass a directory with config.json and "
+        f"no model directory {str(name_or_path)!r}{hint}; pass a directory with config.json and "
         f"model.safetensors, a Hub id 'org/name', or a bundled name: "
         f"{bundled_models() or 'none bundled'}"
     )
@@ -181,22 +184,47 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
     shapes = {k: tuple(v.shape) for k, v in model.state_dict().items()}
     expected = {name: (k, shapes[k][1:] if part is not None else shapes[k])
                 for name, (k, part) in layout.items()}
-    keep_fp32 = fp32_tensors(model)
-    names = {name: file for name, (file, _) in index.items()}
     hint = (f"; {cfg_path} declares model_type {config.get('model_type')!r}: is that the "
             "family these tensors were saved from?")
-    unexpected = sorted(set(names) - set(expected))
+    _check_tensor_names(directory, cfg_path, spec.family, index, expected, hint)
+    state = _read_state(directory, cfg_path, index, expected, layout, shapes,
+                        fp32_tensors(model), target, dev, placement, check_finite)
+    if tied_embeddings(model):  # the head is the embedding (no lm_head tensor is saved)
+        state["head.weight"] = state["embed.weight"]
+    model.load_state_dict(state, assign=True)
+    model.eval()
+    return dispatch(model, placement) if placement else model
+
+
+def _check_tensor_names(directory: Path, cfg_path: Path, family: str,
+                        index: dict[str, tuple[Path, tuple[int, ...]]],
+                        expected: dict[str, tuple[str, tuple[int, ...]]], hint: str) -> None:
+    """Every stored tensor is one the architecture expects, and the reverse, each of the
+    expected shape (from the headers, before any data is read)."""
+    names = set(index)
+    unexpected = sorted(names - set(expected))
     if unexpected:
-        raise CheckpointError(f"{directory}: unexpected tensor(s) for {spec.family}: "
+        raise CheckpointError(f"{directory}: unexpected tensor(s) for {family}: "
                               f"{unexpected[:5]}" + hint)
-    missing = sorted(set(expected) - set(names))
+    missing = sorted(set(expected) - names)
     if missing:
-        raise CheckpointError(f"{directory}: missing tensor(s) for {spec.family}: {missing[:5]}"
+        raise CheckpointError(f"{directory}: missing tensor(s) for {family}: {missing[:5]}"
                               + hint)
     for name, (_, shape) in sorted(index.items()):
         _shape_matches(directory, cfg_path, name, shape, expected[name][1])
+
+
+def _read_state(directory: Path, cfg_path: Path, index: dict[str, tuple[Path, tuple[int, ...]]],
+                expected: dict[str, tuple[str, tuple[int, ...]]], layout: dict[str, Any],
+                shapes: dict[str, tuple[int, ...]], keep_fp32: frozenset[str], target: torch.dtype,
+                dev: torch.device, placement: dict[str, Any] | None,
+                check_finite: bool) -> dict[str, torch.Tensor]:
+    """The internal state dict, one shard at a time, each tensor read straight to its device
+    and dtype (fp32 where the family keeps it); an expert's slice is copied into its stacked
+    tensor."""
     state: dict[str, torch.Tensor] = {}
-    for name, t in iter_tensors(sorted(set(names.values())), dev):
+    files = sorted({file for file, _ in index.values()})
+    for name, t in iter_tensors(files, dev):
         internal, shape = expected[name]
         _shape_matches(directory, cfg_path, name, tuple(t.shape), shape)
         if check_finite:
@@ -211,11 +239,7 @@ def load_model(name_or_path: str | Path, *, revision: str | None = None,
                 state[internal] = torch.empty(shapes[internal], dtype=dtype, device=where)
             state[internal][part].copy_(t)
         del t
-    if tied_embeddings(model):  # the head is the embedding (no lm_head tensor is saved)
-        state["head.weight"] = state["embed.weight"]
-    model.load_state_dict(state, assign=True)
-    model.eval()
-    return dispatch(model, placement) if placement else model
+    return state
 
 
 def _shape_matches(directory: Path, cfg_path: Path, name: str, shape: tuple[int, ...],

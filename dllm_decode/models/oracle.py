@@ -29,7 +29,9 @@ model-like logits (``calibration.py``); the default is the exact oracle.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
 from typing import Any, Final
 
 import torch
@@ -47,6 +49,8 @@ from dllm_decode.models.waiting_line import (  # noqa: F401  (re-exported)
 )
 
 #: log-probability of impossible tokens in the exact oracle (finite, so softmax stays finite)
+#: the word-level vocabulary file a test-bed checkpoint ships (``codec_for`` reads it)
+VOCAB_FILE: Final = "waiting_line_vocab.json"
 NEG_LOGIT: Final = -1.0e9
 #: the calibrated oracle's floor probability for impossible tokens (log = -13.8)
 CALIBRATED_FLOOR: Final = 1.0e-6
@@ -335,3 +339,17 @@ class WaitingLineOracle(nn.Module):
             logits[rows] = cal.logits(probs[rows], F.pad(masked, (start, 0)), prompt)
         logits = logits.float()
         return logits if hidden_rows is None else logits[:, hidden_rows]
+
+
+def codec_for(directory: str | Path) -> WaitingLineOracle | None:
+    """The word-level codec of a checkpoint directory (``None`` if it is not a test-bed one).
+
+    The returned oracle is used only for ``encode_prompt`` / ``decode`` (its vocabulary equals
+    the checkpoint's).
+    """
+    path = Path(directory) / VOCAB_FILE
+    if not path.is_file():
+        return None
+    spec = json.loads(path.read_text())
+    return WaitingLineOracle(spec["names"], max_items=int(spec["max_items"]),
+                             slots=spec.get("slots"))

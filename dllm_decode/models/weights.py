@@ -26,6 +26,11 @@ class CheckpointError(ValueError):
     """A checkpoint directory that does not match the architecture it declares."""
 
 
+class MaskTokenIdError(CheckpointError):
+    """The mask id (config, generation config or the family's released id) is not in the
+    checkpoint's vocabulary: pass ``load_model(..., mask_token_id=...)``."""
+
+
 #: largest JSON file read (config, index, generation config: kilobytes in real releases)
 MAX_JSON_BYTES = 64 * 2**20
 #: largest ``num_hidden_layers`` accepted: parsers build per-layer tables from it before the

@@ -62,10 +62,15 @@ class Threshold:
     Gumbel noise, so ``rng="reference"`` reproduces the reference's draws.
     ``tau`` must lie in (0, 1] for probability scores (``prob``, ``margin``, ``random``), be
     >= 0 for ``logit_margin`` and <= 0 for ``neg_entropy``.
+    ``tie_window`` (parity option, default 0): also commit every eligible position within
+    this much of the row's best score, i.e. ``score >= min(tau, best - tie_window)``, as
+    dInfer's threshold decoder does with 1e-5 (``get_transfer_index_threshold``; its
+    CreditDecoding runs on it).
     """
 
     tau: float = 0.9
     score: ScoreKind = ScoreKind.PROB
+    tie_window: float = 0.0
 
     @property
     def capabilities(self) -> Capabilities:
@@ -82,10 +87,22 @@ class Threshold:
                            ScoreKind.NEG_ENTROPY: (None, 0.0, False)}[self.score]
         check_range(f"Threshold(score={self.score.value!r})", "tau", self.tau, lo, hi,
                     lo_open=lo_open)
+        check_range("Threshold", "tie_window", self.tie_window, 0.0)
 
     def select(self, state: StepState) -> Tensor:
         score = step_score(state, self.score)  # ``random``: float32 uniforms, one draw per step
-        return threshold_mask(score, state.eligible, self.tau)
+        commit = threshold_mask(score, state.eligible, self.tau)
+        if self.tie_window > 0:
+            best = torch.where(state.eligible, score, lowest(score.dtype)).amax(-1, keepdim=True)
+            commit = commit | (state.eligible & (score >= best - self.tie_window))
+        return commit
+
+
+def ranked_adaptive(score: ScoreKind) -> Capabilities:
+    """The capabilities of an adaptive rule over the ranking by ``score`` (``factor``,
+    ``frechet``): open-ended steps, the proposal field of ``score`` only, masked positions."""
+    return Capabilities(budgeted=False, proposal_fields=score_fields(score),
+                        reads_masked_only=True)
 
 
 def threshold_mask(score: Tensor, eligible: Tensor, tau: float) -> Tensor:
@@ -115,8 +132,7 @@ class Factor:
     @property
     def capabilities(self) -> Capabilities:
         """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
-        return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
-                            reads_masked_only=True)
+        return ranked_adaptive(self.score)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))

@@ -47,6 +47,20 @@ class UnmaskPolicy(Protocol):
 
 
 @runtime_checkable
+class LogitsFuser(Protocol):
+    """A selector that declares ``Capabilities(fuses_logits=True)``: the loop hands it each
+    step's logits before anything is proposed (CreditDecoding's credit fusion)."""
+
+    def fuse_logits(self, logits: Tensor, rows: Tensor, masked: Tensor, memory: Any,
+                    block: tuple[int, int]) -> Tensor:
+        """Logits ``[B, R, V]`` (mask token at -inf) of the canvas positions ``rows`` (``[R]``
+        or ``[B, R]``), ``masked [B, L]`` before this step's commits, the selector's memory
+        and the block ``(start, end)`` -> the fused logits ``[B, R, V]`` (may be written in
+        place). No host sync."""
+        ...
+
+
+@runtime_checkable
 class Stopper(Protocol):
     def should_stop(self, state: StepState) -> Tensor:
         """``state`` -> ``[B]`` bool: commit every remaining mask at its argmax now."""

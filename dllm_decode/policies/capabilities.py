@@ -50,8 +50,15 @@ class Capabilities:
     """What a policy component needs from the decode loop, and what it offers.
 
     Args:
-        budgeted: uses the scheduled per-step budget (``state.budget``, fixed ``steps``);
-            False = adaptive, open-ended steps (blocks run until nothing is masked).
+        budgeted: uses the scheduled per-step budget (``state.budget``, fixed ``steps``) and
+            commits that many positions per row (more is a ``PolicyContractError`` unless
+            ``at_least_budget``); False = adaptive, open-ended steps (blocks run until nothing
+            is masked).
+        at_least_budget: a budgeted selector that may commit more positions than
+            ``state.budget``: a confidence rule with the schedule's top-k as its floor (SDAR's
+            dynamic threshold, KLASS, CCD, Learn2PD, S2D2's accepted drafts) or one position
+            per full step whatever the schedule (Window-Diffusion's Dream rule); the block
+            still ends after its scheduled steps.
         needs_logits: wants the step's raw logits in ``state.logits`` (``[B, R, V]``).
         full_span: wants proposals over the whole canvas, not only the current block
             (stoppers always get it).
@@ -109,9 +116,16 @@ class Capabilities:
             (aligned inside the block, each row's first sub-block with a mask), as Fast-dLLM
             v2's rule does; ``cache="sub_block"`` (``cache.sub_block``) feeds them. ``None``:
             no sub-blocks.
+        fuses_logits: the selector rewrites the step's logits before anything is scored
+            (a score transform with per-generation state, e.g. CreditDecoding's credit,
+            ``policies.credit``): the loop calls its ``fuse_logits(logits, rows, masked,
+            memory, block)`` (``policies.base.LogitsFuser``) right after the mask token is
+            removed, so the proposal (greedy or sampled), the selector, a stopper, a truncator
+            and the recorded probabilities all see the fused scores.
     """
 
     budgeted: bool = True
+    at_least_budget: bool = False
     needs_logits: bool = False
     full_span: bool = False
     lookahead: int = 0
@@ -131,6 +145,7 @@ class Capabilities:
     samples_tokens: bool = False
     max_post_steps: int = 0
     sub_block_size: int | None = None
+    fuses_logits: bool = False
 
     def __post_init__(self) -> None:
         kinds = self.noise_kinds
@@ -158,6 +173,9 @@ class Capabilities:
         if sub is not None and (isinstance(sub, bool) or not isinstance(sub, int) or sub < 1):
             raise ValueError(f"Capabilities.sub_block_size must be None or an int >= 1, got "
                              f"{sub!r}")
+        if self.at_least_budget and not self.budgeted:
+            raise ValueError("Capabilities.at_least_budget describes a budgeted selector: "
+                             "it needs budgeted=True (an adaptive one has no budget)")
         if self.edits and self.reads_masked_only:
             raise ValueError("Capabilities(edits=True) reads committed positions: "
                              "reads_masked_only must be False")

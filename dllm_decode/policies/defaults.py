@@ -28,7 +28,7 @@ class FamilyDefaults:
     """A family's default decoding.
 
     Attributes:
-        policy: preset name (``policies.registry.PRESETS``).
+        policy: preset name (``policies.resolve.PRESETS``).
         params: ``SamplerConfig`` fields and preset parameters applied with it.
         cache: cache mode (``None``: the preset's ``preferred_cache``, else ``"none"``).
         reference: the reference decoder the preset reproduces (for messages and docs).
@@ -75,13 +75,18 @@ def family_defaults(model: Any) -> FamilyDefaults:
     return _UNIFORM_FALLBACK if uniform else _MASK_FALLBACK
 
 
-def resolve_policy(model: Any, policy: Any, params: Mapping[str, Any] | None = None,
-                   cache: str | None = None) -> tuple[Any, dict[str, Any], str | None]:
+def apply_family_default(model: Any, policy: Any, params: Mapping[str, Any] | None = None,
+                         cache: str | None = None) -> tuple[Any, dict[str, Any], str | None]:
     """``(policy, params, cache)`` with ``policy`` ``None`` / ``"default"`` replaced by the
     family's preset, its parameters under ``params`` (the caller's win) and its cache when
-    ``cache`` is ``None``; any other policy passes through unchanged."""
+    ``cache`` is ``None``; any other policy passes through unchanged. (The spec itself is
+    resolved afterwards by ``policies.resolve.resolve_policy``.)"""
     params = dict(params or {})
     if policy is not None and policy != DEFAULT_POLICY:
         return policy, params, cache
     found = family_defaults(model)
     return found.policy, {**found.params, **params}, cache if cache is not None else found.cache
+
+
+#: the older name of ``apply_family_default`` (``examples/generate.py``)
+resolve_policy = apply_family_default

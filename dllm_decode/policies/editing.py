@@ -40,7 +40,7 @@ from torch import Tensor
 from dllm_decode.policies.adaptive import Threshold
 from dllm_decode.policies.base import bind_of, init_memory_of, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, capabilities_of
-from dllm_decode.policies.registry import register
+from dllm_decode.policies.resolve import make_policy
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import Selection, StepState
 
@@ -215,8 +215,6 @@ def edit_policy(base: str | Any = "threshold", editing_threshold: float = 0.9,
     """The ``edit`` preset: token editing over ``base`` (a preset name with ``params``, or a
     selector), e.g. ``make_policy("edit", base="threshold", tau=0.7)``."""
     if isinstance(base, str):
-        from dllm_decode.policies.registry import make_policy  # noqa: PLC0415 (preset time)
-
         built = make_policy(base, **params)
         if built.stopper is not None or built.truncator is not None:
             raise ValueError(f"edit: base {base!r} has a stopper or truncator; compose it as "
@@ -227,7 +225,3 @@ def edit_policy(base: str | Any = "threshold", editing_threshold: float = 0.9,
     return TokenEditing(base=base, editing_threshold=editing_threshold,
                         max_post_steps=max_post_steps)
 
-
-register("llada2", llada2_policy)
-register("llada21", llada21_policy)
-register("edit", edit_policy)

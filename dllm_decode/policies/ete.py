@@ -30,7 +30,6 @@ from torch import Tensor
 
 from dllm_decode.policies.base import top1_mask, topk_mask
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import StepState
 
@@ -137,5 +136,3 @@ class ExploreThenExploit:
         stalled = ~(commit & early).any(1, keepdim=True)
         return commit | (stalled & top1_mask(prob, early))
 
-
-register("ete", ExploreThenExploit)

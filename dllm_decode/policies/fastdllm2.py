@@ -44,7 +44,6 @@ from torch import Tensor
 from dllm_decode.kernels.reference import filter_logits
 from dllm_decode.policies.base import lowest
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import Selection, StepState
 
@@ -159,5 +158,3 @@ def fastdllm_v2_policy(threshold: float = 0.9, small_block_size: int = 8,
     return SubBlockThreshold(threshold=threshold, small_block_size=small_block_size,
                              mask_in_softmax=mask_in_softmax)
 
-
-register("fastdllm_v2", fastdllm_v2_policy)

@@ -29,7 +29,6 @@ from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
-from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
@@ -81,7 +80,7 @@ class KLASS:
     history: int = 2
     unmask_strategy: str = "all"
     capabilities = Capabilities(needs_logits=True, full_span=True, proposal_fields=(),
-                                reads_masked_only=True)
+                                reads_masked_only=True, at_least_budget=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "KLASS")
@@ -190,9 +189,10 @@ class CCD:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Budgeted; reads the proposal field of ``score`` (and the greedy token) at masked
-        positions."""
-        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True)
+        """Budgeted, the budget a floor (a consistent set may be larger); reads the proposal
+        field of ``score`` (and the greedy token) at masked positions."""
+        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True,
+                            at_least_budget=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -233,6 +233,3 @@ class CCD:
         mem.prev_argmax.copy_(torch.where(state.fresh, greedy, mem.prev_argmax))
         return commit
 
-
-register("klass", KLASS)
-register("ccd", CCD)

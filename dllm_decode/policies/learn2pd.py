@@ -44,7 +44,6 @@ from __future__ import annotations
 import copy
 import warnings
 from dataclasses import dataclass, replace
-from functools import partial
 from pathlib import Path
 from typing import Any, Final
 
@@ -70,7 +69,8 @@ from dllm_decode.policies.learn2pd_filter import (
     run_filter,
     save_filter,
 )
-from dllm_decode.policies.registry import Policy, make_policy, register
+from dllm_decode.policies.policy import Policy
+from dllm_decode.policies.resolve import make_policy
 from dllm_decode.types import ScoreKind, StepState
 
 #: ``state.extras`` key under which Learn2PD records the filter-accepted set ``[B, L]`` bool
@@ -149,10 +149,11 @@ class Learn2PD:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Budgeted; ``full_span`` as configured (EoTP's EOS scan); reads the feature's and
-        the fallback score's proposal fields."""
+        """Budgeted, the budget a floor (the filter may accept more); ``full_span`` as
+        configured (EoTP's EOS scan); reads the feature's and the fallback score's proposal
+        fields."""
         feature = ("neg_entropy",) if self.feature == "dream_negent_masked" else ()
-        return Capabilities(full_span=self.full_span,
+        return Capabilities(full_span=self.full_span, at_least_budget=True,
                             proposal_fields=(*feature, *score_fields(self.fallback)),
                             # llada_prob_all reads committed positions of the window too
                             reads_masked_only=self.feature == "dream_negent_masked")
@@ -394,7 +395,3 @@ def eotp_policy(*, for_model: Any = None, eos_token_ids: tuple[int, ...] | None 
     return Policy(selector=FullSpan(TopK(score=ScoreKind(score))), truncator=EoTP(ids),
                   name="eotp")
 
-
-register("learn2pd", learn2pd_policy)
-register("learn2pd_eot", partial(learn2pd_policy, eot=True))
-register("eotp", eotp_policy)

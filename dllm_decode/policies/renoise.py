@@ -43,6 +43,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.capabilities import Capabilities, capabilities_of
+from dllm_decode.policies.policy import Policy
 from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import Selection, StepState
 
@@ -256,18 +257,8 @@ def gemma_renoise(*, entropy_bound: float | None = None,
     """The ``gemma_renoise`` preset: ``Renoise(EntropyBoundAccept)`` + ``StableConfident``
     (``early_stop=False``: no stopper, every canvas runs its step budget, as the reference with
     ``stability_threshold=None``)."""
-    from dllm_decode.policies.registry import Policy
-
     sel = Renoise(EntropyBoundAccept(entropy_bound), max_denoising_steps=max_denoising_steps,
                   t_min=t_min, t_max=t_max, sticky=sticky, eos_token_ids=eos_token_ids)
     stop = StableConfident(stability_threshold, confidence_threshold) if early_stop else None
     return Policy(selector=sel, stopper=stop, name="gemma_renoise")
 
-
-def _register() -> None:
-    from dllm_decode.policies.registry import register
-
-    register("gemma_renoise", gemma_renoise)
-
-
-_register()

@@ -8,16 +8,14 @@
   span pays off. A router has ``decide(ctx: RouteContext, memory) -> [B] bool`` and optionally
   ``init_memory(batch, device)`` (per-generation, per-row state: hysteresis, bandit) and
   ``update(ctx, memory, verified, committed)`` (the bandit's reward).
-* ``s2d2``: the self-speculative selector of ``dllm_decode.samplers.speculative``, built from
-  flat parameters (CLI / config friendly).
-
-Registering happens on import; ``make_policy("s2d2")`` works once this module is imported.
+* the ``s2d2`` preset: the self-speculative selector of ``dllm_decode.policies.speculative``
+  (``speculative.s2d2``, built from flat parameters) over these routers and fallbacks.
 
 Deviations from the released code: ``low_confidence_dynamic`` ranks with ties to the lower index
 and commits everything left at a block's last scheduled step; the score-hysteresis router
 switches on with the code's strict ``>`` (the paper writes ``>=``); the EB fallback uses the
 full-distribution entropy (the reference's SDAR fallback uses a scalar "entropy" of ``x0_p``).
-The S2D2 selector's own list is in ``dllm_decode.samplers.speculative``.
+The S2D2 selector's own list is in ``dllm_decode.policies.speculative``.
 """
 
 from __future__ import annotations
@@ -37,7 +35,6 @@ from dllm_decode.policies.capabilities import (
     union_fields,
 )
 from dllm_decode.policies.confidence import TopK
-from dllm_decode.policies.registry import register
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, Selection, StepState
 
@@ -53,8 +50,9 @@ class DynamicThreshold:
 
     @property
     def capabilities(self) -> Capabilities:
-        """SDAR's even budget split; reads the proposal field of ``score`` only."""
+        """SDAR's even budget split, as a floor; reads the proposal field of ``score`` only."""
         return Capabilities(preferred_schedule="llada", proposal_fields=score_fields(self.score),
+                            at_least_budget=True,
                             reads_masked_only=True)
 
     def __post_init__(self) -> None:
@@ -256,68 +254,3 @@ FALLBACKS = {
     "low_confidence_static": lambda tau, eb_gamma: TopK(score=ScoreKind.PROB),
     "entropy_bounded": lambda tau, eb_gamma: BudgetCapped(EntropyBounded(gamma=eb_gamma)),
 }
-
-
-def s2d2(
-    *,
-    router: str = "score_threshold",
-    score_type: str | None = None,
-    tau_score: float = 0.0,
-    c: float = 1.0,
-    tau_on: float = 1.0,
-    tau_off: float = -5.0,
-    tau_span: int = 1,
-    ucb_beta: float = 1.0,
-    ucb_bins: tuple[int, int, int] = (2, 2, 2),
-    estimator: str = "soft_entropy_negexp",
-    entropy_temperature: float = 1.0,
-    margin_threshold: float = 0.05,
-    entropy_threshold: float = 0.5,
-    confidence_power: float = 1.0,
-    margin_coef: float = 1.0,
-    fallback: str = "low_confidence_dynamic",
-    tau: float = 0.85,
-    eb_gamma: float = 0.1,
-    gamma: float = 1.0,
-    allow_resample: bool = True,
-    causal_prefix: bool = True,
-    draft_causal: bool = True,
-) -> Any:
-    """Build the S2D2 selector (defaults: SDAR Config-A of the paper's README: score threshold
-    0, static score, c = 1, soft entropy estimator, dynamic-threshold fallback at 0.85,
-    AR-like prefix caching ``causal_prefix`` = ``cache_ver``, partially-causal drafting
-    ``draft_causal`` = ``draft_ver``).
-
-    ``router``: ``never`` | ``always`` | ``mask_span_length`` (``tau_span``) |
-    ``score_threshold`` (``tau_score``) | ``score_hysteresis`` (``tau_on`` > ``tau_off``) |
-    ``contextual_bandit_ucb`` (``ucb_beta``, ``ucb_bins``); ``score_type`` ``static``
-    (K̂ − c) or ``dynamic`` (K̂ − c·N_hi), ``None``: the router's default (threshold static,
-    hysteresis dynamic, as in the paper's configurations); ``estimator``: see
-    ``speculative.ESTIMATORS``; ``fallback``: see ``FALLBACKS``.
-    """
-    from dllm_decode.samplers import speculative as spec
-
-    kind = {} if score_type is None else {"kind": score_type}
-    if fallback not in FALLBACKS:
-        raise ValueError(f"fallback must be one of {sorted(FALLBACKS)}, got {fallback!r}")
-    routers = {
-        "never": lambda: Never(),
-        "always": lambda: Always(),
-        "mask_span_length": lambda: MaskSpanLength(tau_span),
-        "score_threshold": lambda: ScoreThreshold(tau_score, c=c, **kind),
-        "score_hysteresis": lambda: ScoreHysteresis(tau_on, tau_off, c=c, **kind),
-        "contextual_bandit_ucb": lambda: ContextualBanditUCB(ucb_beta, tuple(ucb_bins)),
-    }
-    if router not in routers:
-        raise ValueError(f"router must be one of {sorted(routers)}, got {router!r}")
-    est = spec.AcceptanceEstimator(estimator, beta=entropy_temperature, margin=margin_threshold,
-                                   entropy_threshold=entropy_threshold, power=confidence_power,
-                                   coef=margin_coef)
-    return spec.SelfSpeculative(router=routers[router](), estimator=est,
-                                base=FALLBACKS[fallback](tau, eb_gamma), tau=tau, gamma=gamma,
-                                allow_resample=allow_resample, causal_prefix=causal_prefix,
-                                draft_causal=draft_causal)
-
-
-register("low_confidence_dynamic", lambda **kw: DynamicThreshold(**kw))
-register("s2d2", s2d2)

@@ -40,7 +40,8 @@ import torch
 from torch import Tensor
 
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.registry import Policy, make_policy, register
+from dllm_decode.policies.policy import Policy
+from dllm_decode.policies.resolve import make_policy
 from dllm_decode.policies.sched_step import RegionMemo, decide, order_stat
 from dllm_decode.policies.supervised import PairedMemory, Supervised  # noqa: F401 (re-export)
 from dllm_decode.policies.validate import check_fields
@@ -327,6 +328,3 @@ def prophet_policy(base: str | Any = "low_confidence", answer_offset: int = 0,
     rest = {k: v for k, v in params.items() if k not in _SCHED_FIELDS}
     return supervise(base, stopper, rest, "prophet")
 
-
-register("sched", sched_policy)
-register("prophet", prophet_policy)

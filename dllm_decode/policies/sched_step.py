@@ -29,15 +29,12 @@ implementation ran 57; ``benchmarks/README.md``, "Loop overhead per step").
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from dllm_decode.types import StepState
-
-if TYPE_CHECKING:
-    from dllm_decode.policies.sched import SchED
 
 
 @dataclass(frozen=True)
@@ -60,8 +57,9 @@ class RegionMemo:
     focus_ok: Tensor | None = None
 
 
-def region_memo(stopper: SchED, state: StepState, mem: Any) -> RegionMemo:
-    """The ``RegionMemo`` of ``state`` (from ``mem.regions`` when it is still valid)."""
+def region_memo(stopper: Any, state: StepState, mem: Any) -> RegionMemo:
+    """The ``RegionMemo`` of ``state`` for the ``sched.SchED`` ``stopper`` (from
+    ``mem.regions`` when it is still valid)."""
     lengths = state.extras.get("lengths")
     key = (lengths, state.gen_start, tuple(state.masked.shape))
     compiling = torch.compiler.is_compiling()
@@ -106,9 +104,9 @@ def _and_not(a: Tensor | None, b: Tensor | None) -> Tensor | None:
     return ~b if a is None else a > b
 
 
-def decide(stopper: SchED, state: StepState, mem: Any) -> Tensor:
-    """``[B]`` bool ``SchED.should_stop`` (``mem``: its ``SchEDMemory`` or None; updated in
-    place). No host sync."""
+def decide(stopper: Any, state: StepState, mem: Any) -> Tensor:
+    """``[B]`` bool ``SchED.should_stop`` of the ``sched.SchED`` ``stopper`` (``mem``: its
+    ``SchEDMemory`` or None; updated in place). No host sync."""
     s = stopper
     prop, fresh, masked = state.proposal, state.fresh, state.masked
     margin, greedy = prop.logit_margin, prop.greedy

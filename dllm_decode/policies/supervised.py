@@ -61,6 +61,13 @@ class Supervised:
         return PairedMemory(selector=init_memory_of(self.selector, batch, length, device),
                             stopper=init(batch, length, device) if init else None)
 
+    def fuse_logits(self, logits: Tensor, rows: Tensor, masked: Tensor, memory: Any,
+                    block: tuple[int, int]) -> Tensor:
+        """The base selector's score transform (``Capabilities.fuses_logits``, declared by the
+        base) with the base's own memory."""
+        own = memory.selector if isinstance(memory, PairedMemory) else memory
+        return self.selector.fuse_logits(logits, rows, masked, own, block)
+
     def select(self, state: StepState) -> Tensor:
         """The base selector's result (a commit mask ``[B, L]`` or a ``Selection``)."""
         mem = state.memory

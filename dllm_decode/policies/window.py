@@ -31,7 +31,7 @@ from torch import Tensor
 
 from dllm_decode.policies.base import step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
-from dllm_decode.policies.registry import Policy, register
+from dllm_decode.policies.policy import Policy
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -69,9 +69,11 @@ class WindowDream:
 
     @property
     def capabilities(self) -> Capabilities:
-        """The window planner, bidirectional models; reads ``score``'s proposal field."""
+        """The window planner, bidirectional models; reads ``score``'s proposal field; a full
+        step commits one position whatever the budget (Dream's grid may schedule none)."""
         return Capabilities(preferred_cache="window", requires_attention="bidirectional",
-                            proposal_fields=score_fields(self.score), reads_masked_only=True)
+                            proposal_fields=score_fields(self.score), reads_masked_only=True,
+                            at_least_budget=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -120,6 +122,3 @@ def window_dream(*, early_stop: bool = False, score: ScoreKind = ScoreKind.NEG_E
     return Policy(selector=WindowDream(score=score, early_stop=early_stop),
                   truncator=EosCut() if early_stop else None, name="window_dream")
 
-
-register("window", lambda **kw: WindowTopK(**kw))
-register("window_dream", window_dream)

@@ -9,6 +9,7 @@ prompts, lengths and seeds).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,11 +17,13 @@ import torch
 from torch import Tensor
 
 from dllm_decode.samplers.sampler import DiffusionSampler
+from dllm_decode.speed import generation_tpf, model_stop_ids
 
 
 @dataclass(frozen=True)
 class PolicyReport:
-    """What ``check_policy`` measured (one decode of the batch)."""
+    """What ``check_policy`` measured (one decode of the batch); ``tokens_per_forward`` is
+    ``dllm_decode.speed``'s: answer tokens up to EOS per forward, over the batch."""
 
     steps: int
     forwards: int
@@ -30,7 +33,7 @@ class PolicyReport:
 
 def check_policy(policy: Any, model: Any, prompt_ids: Tensor | list[list[int]], *,
                  cache: str | None = None, check_batch: bool = True,
-                 **config: Any) -> PolicyReport:
+                 stop_token_ids: Sequence[int] | None = None, **config: Any) -> PolicyReport:
     """Decode ``prompt_ids`` with ``policy`` and assert the library's contracts.
 
     Checked: the commit contract at every step (``DiffusionSampler(debug=True)``); the prompt
@@ -46,6 +49,8 @@ def check_policy(policy: Any, model: Any, prompt_ids: Tensor | list[list[int]], 
         prompt_ids: ``[B, P]`` int64 prompts (no padding).
         cache: cache mode (``None``: the policy's preferred one).
         check_batch: also compare each row decoded alone with the batch.
+        stop_token_ids: the ids that end an answer, for the report's tokens per forward
+            (``None``: the model's EOS ids).
         **config: ``SamplerConfig`` fields (``gen_length``, ``block_length``, ``steps``, ...)
             and policy parameters, as for ``DiffusionSampler``.
 
@@ -78,6 +83,7 @@ def check_policy(policy: Any, model: Any, prompt_ids: Tensor | list[list[int]], 
             alone = sampler.generate(prompt[r:r + 1])
             if not torch.equal(alone.tokens[0], out.tokens[r]):
                 raise AssertionError(f"row {r} decoded alone differs from its row in the batch")
-    nfe = out.nfe.tolist()
-    return PolicyReport(steps=out.steps, forwards=out.forwards, nfe=nfe,
-                        tokens_per_forward=float(out.lengths.sum()) / max(sum(nfe), 1))
+    stops = model_stop_ids(model) if stop_token_ids is None else stop_token_ids
+    tpf, _ = generation_tpf(out, stops)
+    return PolicyReport(steps=out.steps, forwards=out.forwards, nfe=out.nfe.tolist(),
+                        tokens_per_forward=tpf)

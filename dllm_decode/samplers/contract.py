@@ -9,6 +9,11 @@ What ``DiffusionSampler.generate`` guarantees, and how each part is checked:
   entropy is, is checked instead);
 * **commits are eligible**: a selector that commits a position that is not eligible (a prompt
   token, an already committed one, a position outside the block) raises ``PolicyContractError``;
+* **budgets are kept**: a budgeted selector (``Capabilities(budgeted=True)``, the default) that
+  commits more than ``state.budget`` positions in a row raises ``PolicyContractError`` (its
+  block ends after its scheduled steps, so the number per step is the schedule's; a rule that
+  commits a varying number declares ``budgeted=False``, one that takes the schedule as its
+  floor ``at_least_budget=True``);
 * **edits are editable**: a selector declaring ``Capabilities(edits=True)`` may rewrite
   positions of ``StepState.editable`` (committed, generated, in the current block, fed) to a
   token other than the mask; anything else raises ``PolicyContractError``. Edits are bounded
@@ -77,6 +82,8 @@ class StepGuard:
         device: where the tracking tensors live.
         policy: the policy's name (for messages).
         exempt_stall: skip the progress check (``may_commit_nothing`` selectors).
+        budgeted: the selector is budgeted and not ``at_least_budget``: committing more than
+            ``state.budget`` in a row is a violation (counted with the ineligible commits).
     """
 
     #: the "committed in this block" reset of the block record (any row that committed sits far
@@ -84,9 +91,10 @@ class StepGuard:
     _DID = -float(1 << 40)
 
     def __init__(self, batch: int, device: torch.device, policy: str, *,
-                 exempt_stall: bool = False) -> None:
+                 exempt_stall: bool = False, budgeted: bool = False) -> None:
         self.policy = policy
         self.exempt_stall = exempt_stall
+        self.budgeted = budgeted
         # [2, B] progress record: row 0 the steps without a commit since the last one in which
         # the row was expected to commit (``idle``; a stall at ``>= block_steps``), row 1 the
         # same count since the block started, or ``_DID`` once the row committed in it (``>= 1``
@@ -119,7 +127,7 @@ class StepGuard:
 
     def observe(self, step: int, prop: Proposal, live: Tensor | None, eligible: Tensor,
                 expected: Tensor, commit: Tensor, block_steps: int, last: bool,
-                at: Tensor | None = None) -> None:
+                at: Tensor | None = None, budget: Tensor | None = None) -> None:
         """Record this step's checks (0-d values for the next sync; see ``flags``).
 
         Args:
@@ -135,6 +143,8 @@ class StepGuard:
             last: this is the block's last step: a row that was expected to commit in the
                 block and never did is stalled, however few steps the block had.
             at: ``[K]`` indices into the flattened ``[B * L]`` canvas of a 1-D ``prop``.
+            budget: ``[B]`` int64 the step's scheduled commits (``None``: adaptive); checked
+                for budgeted selectors.
         """
         # prob and entropy are both finite iff their sum is (|prob| <= 1, |H| <= log V); when
         # the entropy was not computed, the LSE stands in: it is finite iff the entropy is
@@ -147,7 +157,12 @@ class StepGuard:
         if live is not None:
             scores = torch.where(live, scores, 0.0)
         f64 = torch.float64  # every synced value (the sampler's counts too): one dtype
-        flags = [scores.sum(dtype=f64), (commit > eligible).sum(dtype=f64)]  # commit & ~elig.
+        bad = (commit > eligible).sum(dtype=f64)  # commit & ~eligible
+        if budget is None or not self.budgeted:
+            budget = None
+        else:  # more commits than scheduled: folded into the same flag
+            bad = bad + (commit.sum(1) > budget).sum(dtype=f64)
+        flags = [scores.sum(dtype=f64), bad]
         track = None
         if not self.exempt_stall:
             track = self._track = torch.where(commit.any(1), self._reset,
@@ -155,7 +170,7 @@ class StepGuard:
             flags += track.amax(1).unbind()
         self._flags = flags
         self._limits = (block_steps, last)
-        self._last_step = (step, scores, live, at, commit, eligible, track)
+        self._last_step = (step, scores, live, at, commit, eligible, track, budget)
         self._bad_edit = None
 
     def observe_edit(self, edit: Tensor, editable: Tensor, tokens: Tensor,
@@ -192,7 +207,7 @@ class StepGuard:
             flags += [zero, zero]
         self._flags = flags
         self._limits = (block_steps, False)
-        self._last_step = (step, check, None, at, commit, eligible, track)
+        self._last_step = (step, check, None, at, commit, eligible, track, None)
         self._bad_edit = None
 
     def flags(self) -> list[Tensor]:
@@ -213,7 +228,7 @@ class StepGuard:
         stalled_any = len(values) > 2 and (values[2] >= block_steps or (last and values[3] >= 1))
         if not (bad_score or values[1] or stalled_any):
             return
-        step, scores, live, at, commit, eligible, track = self._last_step
+        step, scores, live, at, commit, eligible, track, budget = self._last_step
         if bad_score:
             bad = ~torch.isfinite(scores)
             if live is not None:
@@ -232,12 +247,22 @@ class StepGuard:
                 f"prompt, outside the current block, or in a row whose block is over) or wrote "
                 f"the mask token at step {step} in rows {_rows(bad_edit.any(1))}; "
                 f"Selection.edit must be a subset of state.editable")
-        if values[1]:
+        if values[1] and bool((commit > eligible).any()):
             raise PolicyContractError(
                 f"policy {self.policy!r} committed positions that were not eligible (not masked "
                 f"or outside the block) at step {step} in rows "
                 f"{_rows((commit > eligible).any(1))}; select() must return a subset of "
                 f"state.eligible")
+        if values[1] and budget is not None:
+            over = commit.sum(1) > budget
+            raise PolicyContractError(
+                f"policy {self.policy!r} committed {commit.sum(1)[over].tolist()} positions at "
+                f"step {step} in rows {_rows(over)}, more than state.budget "
+                f"{budget[over].tolist()}; a budgeted selector commits state.budget positions "
+                f"per row (e.g. topk_mask(score, state.eligible, state.budget)); one that "
+                f"commits a varying number declares capabilities = "
+                f"Capabilities(budgeted=False), one whose floor is the budget "
+                f"Capabilities(at_least_budget=True)")
         stalled = track[0] >= block_steps
         if last:
             stalled |= track[1] >= 1

@@ -59,7 +59,8 @@ def span_selector(selector: Any, stopper: Any, truncator: Any, caps: Capabilitie
     if type(selector) is TopK and selector.score is ScoreKind.PROB and not selector.alg_temp \
             and not reference_order:
         return SpanSelect(topk_mask, needs_budget=True)
-    if type(selector) is Threshold and selector.score is ScoreKind.PROB:
+    if (type(selector) is Threshold and selector.score is ScoreKind.PROB
+            and not selector.tie_window):
         tau = selector.tau
         return SpanSelect(lambda prob, eligible, _: threshold_mask(prob, eligible, tau),
                           needs_budget=False)

@@ -1,4 +1,6 @@
-"""One generation's step on a ``StepGraphs`` buffer set (``samplers.graph``): ``GraphRun``.
+"""The static-buffer step's buffers and graphs (``samplers.graph``): ``StepGraphs``, a
+sampler's buffer sets (per ``(B, L)``, reused across generations), and ``GraphRun``, one
+generation's steps on one of them.
 
 Per step, the host computes the fed span (``ForwardPlan.feed``) and the ``StepKey``, writes
 the step's host values into buffers, and dispatches: a CUDA graph captured for the key is
@@ -15,15 +17,16 @@ import contextlib
 import dataclasses
 import logging
 import time
+import types
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from dllm_decode.cache.plans import ForwardPlan
-from dllm_decode.samplers.graph_check import Recorder
+from dllm_decode.samplers.graph_check import Recorder, ReplayCheck
 from dllm_decode.samplers.static_step import (
     Buffers,
     StepKey,
@@ -33,10 +36,107 @@ from dllm_decode.samplers.static_step import (
 )
 from dllm_decode.samplers.step import StepParts
 
-if TYPE_CHECKING:
-    from dllm_decode.samplers.graph import StepGraphs
-
 logger = logging.getLogger("dllm_decode.graph")
+
+
+#: how many ``(B, L)`` buffer sets (each with its K/V cache and graphs) a sampler keeps
+MAX_SHAPES = 2
+
+
+@dataclass
+class GraphStats:
+    """Counters of a sampler's static steps (for tests and benchmarks)."""
+
+    eager: int = 0
+    captures: int = 0
+    replays: int = 0
+    capture_seconds: float = 0.0
+
+
+class StepGraphs:
+    """A sampler's static-buffer steps: buffers per ``(B, L)``, graphs per ``StepKey``.
+
+    Args:
+        capture: capture CUDA graphs (CUDA only); ``False`` runs the same step function
+            eagerly on the same buffers (the CPU path).
+        check: with ``capture=False``, check that every step could be a replay of its key's
+            capture (``samplers.graph_check``; slow, for tests).
+        compile_backend: with ``capture=False``, run the step through
+            ``torch.compile(fullgraph=True, backend=...)`` (one graph per key, no break).
+    """
+
+    def __init__(self, capture: bool, check: bool = False,
+                 compile_backend: str | None = None) -> None:
+        self.capture = capture
+        #: CPU only: run the step through ``torch.compile(fullgraph=True)`` with this backend
+        self.compiled = None
+        if compile_backend is not None and not capture:
+            fn = types.FunctionType(static_step.__code__.replace(), static_step.__globals__,
+                                    "static_step")
+            self.compiled = torch.compile(fn, fullgraph=True, backend=compile_backend)
+        #: CPU only: check every run of a key against its first checked run
+        #: (``graph_check.ReplayCheck``: what a CUDA graph replay needs)
+        self.check = ReplayCheck() if check and not capture else None
+        self.stats = GraphStats()
+        self.device: str | None = None  # the device type of its buffers (first ``begin``)
+        self._sets: dict[tuple[Any, ...], Buffers] = {}
+
+    def cache_for(self, mode: Any, shape: tuple[int, ...], device: torch.device) -> Any:
+        """The K/V cache of the buffer set for ``mode`` and ``[B, L]`` ``shape`` on
+        ``device`` (``None``: none yet), for the next generation's plan to reuse instead of
+        allocating its own (``begin`` would swap it in anyway)."""
+        buf = self._sets.get((*shape, torch.device(device), mode))
+        return None if buf is None else buf.cache
+
+    def begin(self, *, model: Any, plan: ForwardPlan, parts: StepParts, memory: Any,
+              canvas: Tensor, gen_start: int, gen_length: int, total_steps: int,
+              setting: str) -> GraphRun:
+        """Bind a generation to its buffers (created on first use of ``(B, L)``): the
+        initial canvas and records are copied in, and the plan, the contract's progress
+        record and the policy memory are pointed at the static tensors."""
+        b, length = canvas.shape
+        device = canvas.device
+        self.device = device.type
+        key = (b, length, device, plan.mode)
+        buf = self._sets.pop(key, None)
+        if buf is not None and buf.cache is not None and (
+                buf.cache.k.dtype != plan.cache.k.dtype or buf.cache.k.shape != plan.cache.k.shape):
+            buf = None  # the model changed dtype or shape: new buffers
+        if buf is None:
+            while len(self._sets) >= MAX_SHAPES:  # the oldest shape goes (its cache too)
+                self._sets.pop(next(iter(self._sets)))
+            f64 = torch.float64
+            buf = Buffers(
+                canvas=torch.empty_like(canvas),
+                commit_at=torch.empty(b, length, dtype=torch.long, device=device),
+                commit_prob=torch.empty(b, length, dtype=f64, device=device),
+                lengths=torch.empty(b, dtype=torch.long, device=device),
+                step=torch.zeros((), dtype=torch.long, device=device),
+                progress=torch.zeros((), dtype=f64, device=device),
+                budget=torch.zeros(b, dtype=torch.long, device=device),
+                times=torch.zeros(2, dtype=f64, device=device),
+                active=torch.zeros(b, dtype=torch.bool, device=device),
+                origin=torch.zeros((), dtype=torch.long, device=device),
+                key_end=torch.zeros((), dtype=torch.long, device=device),
+                valid=plan.valid.clone(), positions=plan.positions.clone(), cache=plan.cache)
+            if self.capture:
+                buf.pool = torch.cuda.graph_pool_handle()
+                # warm-ups run on the capture's stream (torch.cuda.graph's recipe: per-stream
+                # lazy initialisation, e.g. cuBLAS workspaces, happens before the capture)
+                buf.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
+        self._sets[key] = buf  # most recently used last
+        buf.canvas.copy_(canvas)
+        buf.commit_at.fill_(-1)
+        buf.commit_prob.fill_(1.0)
+        buf.lengths.fill_(gen_length)
+        buf.valid.copy_(plan.valid)
+        buf.positions.copy_(plan.positions)
+        plan.valid, plan.positions = buf.valid, buf.positions
+        if buf.cache is not None:
+            plan.cache = buf.cache
+        run = GraphRun(self, buf, model, plan, parts, memory, gen_start, total_steps, setting)
+        run.bind_state()
+        return run
 
 
 @dataclass

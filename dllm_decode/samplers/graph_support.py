@@ -18,6 +18,7 @@ import torch
 from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.policies.adaptive import EntropyBounded, EntropyThreshold, Factor, Threshold
 from dllm_decode.policies.confidence import TopK
+from dllm_decode.policies.frechet import Frechet
 from dllm_decode.policies.sched import SchED
 from dllm_decode.policies.supervised import Supervised
 from dllm_decode.types import CacheMode, ScoreKind
@@ -25,7 +26,8 @@ from dllm_decode.types import CacheMode, ScoreKind
 #: selector / stopper classes whose step is a static tensor program: they read the step only
 #: through tensors (``proposal``, ``eligible``, ``budget``, ``progress``, ...) and keep their
 #: memory in tensors of fixed shape (a plugin may add its own)
-GRAPH_SAFE: set[type] = {TopK, Threshold, Factor, EntropyBounded, EntropyThreshold, SchED}
+GRAPH_SAFE: set[type] = {TopK, Threshold, Factor, EntropyBounded, EntropyThreshold, SchED,
+                         Frechet}
 
 def graph_safe(part: Any) -> bool:
     """Whether a selector or stopper may run inside a captured step (``GRAPH_SAFE``; a

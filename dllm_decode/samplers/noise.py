@@ -25,7 +25,7 @@ from torch import Tensor
 
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.capabilities import noise_kind_of
-from dllm_decode.policies.registry import Policy
+from dllm_decode.policies.policy import Policy
 from dllm_decode.samplers.graph_support import eager_noise_kind
 from dllm_decode.samplers.loop import DecodeRun
 from dllm_decode.samplers.mask_run import MaskRun

@@ -16,9 +16,9 @@ from dataclasses import replace
 from typing import Any
 
 from dllm_decode.config import SamplerConfig
-from dllm_decode.policies.compose import compose, unknown_params
-from dllm_decode.policies.compose import split_params as split_parts
-from dllm_decode.policies.registry import Policy
+from dllm_decode.policies.policy import Policy
+from dllm_decode.policies.resolve import resolve_policy, unknown_params
+from dllm_decode.policies.resolve import split_params as split_parts
 
 
 def split_params(policy: Any, params: Mapping[str, Any], *, stopper: Any = None,
@@ -55,8 +55,7 @@ def build_policy(policy: Any, params: Mapping[str, Any] | None = None, *, stoppe
     """(``SamplerConfig`` fields, the composed ``Policy``) from the flat keywords."""
     cfg_params, policy_params = split_params(policy, dict(params or {}), stopper=stopper,
                                              truncator=truncator)
-    return cfg_params, compose(policy, stopper=stopper, truncator=truncator,
-                               params=policy_params)
+    return cfg_params, resolve_policy(policy, policy_params, stopper=stopper, truncator=truncator)
 
 
 def replace_config(cfg: SamplerConfig, overrides: dict[str, Any]) -> SamplerConfig:

@@ -10,10 +10,10 @@ from torch import Tensor
 
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
-from dllm_decode.policies.defaults import resolve_policy
-from dllm_decode.policies.registry import Policy
+from dllm_decode.policies.defaults import apply_family_default
+from dllm_decode.policies.policy import Policy
 from dllm_decode.samplers.batching import decode_groups, split_rows
-from dllm_decode.samplers.graph import StepGraphs
+from dllm_decode.samplers.graph_replay import StepGraphs
 from dllm_decode.samplers.inputs import check_inputs
 from dllm_decode.samplers.loop import decode_loop
 from dllm_decode.samplers.noise import noise_kind
@@ -130,7 +130,7 @@ class DiffusionSampler:
                  graphs: bool | None = None, **params: Any) -> None:
         # no policy (or "default"): the model family's default preset, its parameters (yours
         # win) and its cache mode when none is given (``policies.defaults``)
-        policy, params, cache = resolve_policy(model, policy, params, cache)
+        policy, params, cache = apply_family_default(model, policy, params, cache)
         cfg_params, self.policy = build_policy(policy, params)  # the one split (with build_sampler)
         self.model = model
         self.noise = noise_kind(model)  # the noise kind's parts of the loop (samplers.noise)

@@ -37,6 +37,8 @@ class StepParts:
         guard: the generation's ``samplers.contract.StepGuard``.
         needs_logits: hand the step's logits to the policy (``StepState.logits``).
         after_select: tokens of committed positions are drawn after selection (Dream origin).
+        fuse_logits: the selector's ``fuse_logits`` (``Capabilities.fuses_logits``: a score
+            transform applied to the logits before the proposal), else ``None``.
     """
 
     maker: ProposalMaker
@@ -45,6 +47,7 @@ class StepParts:
     guard: StepGuard
     needs_logits: bool
     after_select: bool
+    fuse_logits: Any = None
 
 
 @dataclass
@@ -96,6 +99,9 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     maker = parts.maker
     # the mask token (and EOS) removed: in place eagerly, a new tensor under torch.compile
     logits = maker.edit(logits)
+    if parts.fuse_logits is not None:  # a score transform: every part sees the fused scores
+        logits = parts.fuse_logits(logits, rows, masked, info["memory"],
+                                   (info["block_start"], info["block_end"]))
     masked_rows = maker.masked_rows(logits, fed, live, masked, ctl.get("in_rows"))
     if masked_rows is None:
         prop = maker.propose(logits, fed, rows, masked, ctl["n_masked"], edited=True)
@@ -118,7 +124,7 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
     guard.check_shape(commit, eligible)
     guard.observe(info["step"], checked, checked_live, eligible, ctl["expected"], commit,
                   ctl["stall_limit"], last=ctl["last"],
-                  at=None if masked_rows is None else masked_rows[1])
+                  at=None if masked_rows is None else masked_rows[1], budget=budget)
     if ctl["force_end"] is not None:  # force_block_end (prompt masks: LLaDA's carry-over)
         commit = commit | (eligible & ctl["force_end"])
     selected = commit

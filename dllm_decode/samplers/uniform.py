@@ -51,7 +51,7 @@ from torch import Tensor
 from dllm_decode.cache.canvas import CanvasPlan
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.capabilities import policy_capabilities
-from dllm_decode.policies.registry import Policy
+from dllm_decode.policies.policy import Policy
 from dllm_decode.policies.renoise import Renoise, reference_entropy
 from dllm_decode.samplers.contract import NonFiniteLogitsError, PolicyContractError
 from dllm_decode.samplers.step import bits_per_step

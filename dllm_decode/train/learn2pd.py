@@ -275,13 +275,3 @@ def train_filter(samples: L2PSamples, *, iters: int = PAPER_ITERS, lr: float = P
               "first_train_loss": first_loss, "metrics_threshold": FP_THRESHOLD,
               "final": final, "history": history}
     return model, report
-
-
-# ---- prompts and CLI -----------------------------------------------------------------------
-
-
-def train_learn2pd_main(argv: Sequence[str] | None = None) -> int:
-    """CLI entry (``dllm-decode train learn2pd``); see ``learn2pd_cli``."""
-    from dllm_decode.train.learn2pd_cli import train_learn2pd_main as main
-
-    return main(argv)

@@ -21,26 +21,26 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, Final
 
-from dllm_decode.eval.parallelbench.generate import generate_task, split_seed
-from dllm_decode.eval.parallelbench.names import FIRST_NAMES, LAST_NAMES
-from dllm_decode.models.oracle import (
+from dllm_decode.eval.parallelbench.testbed import (  # noqa: F401 (re-exported)
+    MAX_ITEMS,
+    MIN_ITEMS,
+    TESTBED_NAMES,
+    TESTBED_POOL,
+    waiting_line_records,
+)
+from dllm_decode.models.oracle import (  # noqa: F401 (VOCAB_FILE, codec_for re-exported)
     ANSWER,
     EOS,
     MASK,
     PAD,
+    VOCAB_FILE,
     WaitingLineOracle,
+    codec_for,
     record_fields,
     task_name,
     valid_answers,
 )
 
-#: first and last names of the test-bed pool (the first entries of the generator's lists)
-TESTBED_POOL: Final = (tuple(FIRST_NAMES[:25]), tuple(LAST_NAMES[:20]))
-#: every full name of the pool, in vocabulary order
-TESTBED_NAMES: Final = tuple(f"{f} {l}" for f in TESTBED_POOL[0] for l in TESTBED_POOL[1])
-#: list lengths of test-bed records
-MIN_ITEMS: Final = 3
-MAX_ITEMS: Final = 5
 #: answer region length: ``[`` + 6 names + 5 separators + ``]`` + EOS fits in 16
 TESTBED_GEN_LENGTH: Final = 16
 #: the tasks the test-bed models are trained and graded on (sort needs a sorting circuit the
@@ -50,30 +50,11 @@ TESTBED_TASKS: Final = ("copy", "reverse", "insert_index", "remove_index", "repl
 DETERMINISTIC_TASKS: Final = ("copy", "reverse", "insert_index", "remove_index",
                               "replace_index")
 RANDOM_TASKS: Final = ("shuffle", "insert_random", "replace_random", "remove_random")
-#: file written beside a test-bed checkpoint: the vocabulary that rebuilds its codec
-VOCAB_FILE: Final = "waiting_line_vocab.json"
 
 
 def waiting_line_oracle(**knobs: Any) -> WaitingLineOracle:
     """The oracle over the test-bed vocabulary (``knobs`` go to ``WaitingLineOracle``)."""
     return WaitingLineOracle(TESTBED_NAMES, max_items=MAX_ITEMS + 1, slots=MAX_ITEMS, **knobs)
-
-
-def waiting_line_records(task: str, n: int, seed: int | None = None, *, split: str = "test",
-                    length: int | None = None) -> list[dict[str, Any]]:
-    """``n`` Waiting Line records of ``task`` over the test-bed pool (zero-shot).
-
-    Args:
-        task: ``"copy"`` or ``"waiting_line/copy"`` (any of the ten operations).
-        n: number of records; lengths 3..5 balanced (or all ``length``).
-        seed: generator seed (default: the split's stable seed for the task).
-        split: which instance split to draw from (training uses ``"train"``).
-    """
-    full = f"waiting_line/{task_name(task)}"
-    seed = split_seed(full, split) if seed is None else seed
-    lo, hi = (length, length) if length else (MIN_ITEMS, MAX_ITEMS)
-    return generate_task(full, n, seed, min_len=lo, max_len=hi, icl_examples=0, split=split,
-                         names=TESTBED_POOL)
 
 
 def draw_training_examples(seed: int, step: int, batch_size: int,
@@ -129,20 +110,6 @@ def write_tokenizer(oracle: WaitingLineOracle, directory: str | Path) -> None:
     spec = {"names": list(TESTBED_NAMES), "max_items": oracle.max_items, "slots": oracle.slots,
             "answer_token": ANSWER, "gen_length": TESTBED_GEN_LENGTH}
     (directory / VOCAB_FILE).write_text(json.dumps(spec, indent=1) + "\n")
-
-
-def codec_for(directory: str | Path) -> WaitingLineOracle | None:
-    """The word-level codec of a checkpoint directory (``None`` if it is not a test-bed one).
-
-    The returned oracle is used only for ``encode_prompt`` / ``decode`` (its vocabulary equals
-    the checkpoint's).
-    """
-    path = Path(directory) / VOCAB_FILE
-    if not path.is_file():
-        return None
-    spec = json.loads(path.read_text())
-    return WaitingLineOracle(spec["names"], max_items=int(spec["max_items"]),
-                             slots=spec.get("slots"))
 
 
 def prompt_text(oracle: WaitingLineOracle, ids: Sequence[int]) -> str:

@@ -52,8 +52,8 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
     its last step the remaining two, i.e. two names at once on a random task (pass
     ``schedule="dream"`` to measure that schedule).
     """
-    from dllm_decode import DiffusionSampler
     from dllm_decode.eval.runner import left_pad
+    from dllm_decode.samplers.sampler import DiffusionSampler
 
     g = TESTBED_GEN_LENGTH
     # block_length None: one block of g, or a block-diffusion model's own block size

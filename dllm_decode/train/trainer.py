@@ -131,6 +131,26 @@ def train(cfg: TrainConfig, argv: Sequence[str] | None = None) -> dict[str, Any]
         torch.set_num_threads(threads)
 
 
+def _step_loss(cfg: TrainConfig, model: Any, data: TaskData, warm_data: TaskData, step: int,
+               cur_max: int) -> Any:
+    """Step ``step``'s batch (the scrambled copy warm-up first, then the curriculum's tasks;
+    SDAR rows shifted by a random block offset) and its loss (the block-diffusion warm-up
+    loss first, then the masked-diffusion loss)."""
+    warm = step < cfg.scramble_steps
+    examples = (warm_data.draw(cfg.seed, step, cfg.batch_size, cfg.scramble_items,
+                               cfg.scramble_items) if warm else
+                data.draw(cfg.seed, step, cfg.batch_size, cfg.min_items, cur_max))
+    jitter = random.Random(f"{cfg.seed}:{step}:align").randrange(cfg.block_size) \
+        if cfg.family == "sdar" else 0
+    scramble = random.Random(f"{cfg.seed}:{step}:scramble") if warm else None
+    batch = data.collate(examples, extra_pad=jitter, scramble=scramble).to(cfg.device)
+    if step < cfg.bd_warmup_steps:
+        return warmup_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
+                           cfg.ar_fraction, block_size=cfg.block_size)
+    return diffusion_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
+                          cfg.ar_fraction, semi_ar=cfg.semi_ar, semi_ar_block=cfg.block_size)
+
+
 def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
     out = Path(cfg.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -169,21 +189,7 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
         for group in opt.param_groups:
             group["lr"] = lr
         cur_max = max_items_at(step, cfg.steps, cfg.min_items, cfg.max_items, cfg.curriculum)
-        warm = step < cfg.scramble_steps
-        examples = (warm_data.draw(cfg.seed, step, cfg.batch_size, cfg.scramble_items,
-                                   cfg.scramble_items) if warm else
-                    data.draw(cfg.seed, step, cfg.batch_size, cfg.min_items, cur_max))
-        jitter = random.Random(f"{cfg.seed}:{step}:align").randrange(cfg.block_size) \
-            if cfg.family == "sdar" else 0
-        scramble = random.Random(f"{cfg.seed}:{step}:scramble") if warm else None
-        batch = data.collate(examples, extra_pad=jitter, scramble=scramble).to(cfg.device)
-        if step < cfg.bd_warmup_steps:
-            res = warmup_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
-                              cfg.ar_fraction, block_size=cfg.block_size)
-        else:
-            res = diffusion_loss(model, batch, step_generator(cfg.seed, step), cfg.eps,
-                                 cfg.ar_fraction, semi_ar=cfg.semi_ar,
-                                 semi_ar_block=cfg.block_size)
+        res = _step_loss(cfg, model, data, warm_data, step, cur_max)
         opt.zero_grad(set_to_none=True)
         res.loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)
@@ -216,10 +222,18 @@ def _train(cfg: TrainConfig, argv: Sequence[str] | None) -> dict[str, Any]:
     if not last_eval:  # resumed a run that had already finished its steps
         last_eval = {"step": cfg.steps, "wall_s": round(wall(), 1)}
         last_eval |= evaluate(model, data, eval_set, cfg)
+    return _finish(cfg, argv, model, params, len(tok), round(wall(), 1), last_eval)
+
+
+def _finish(cfg: TrainConfig, argv: Sequence[str] | None, model: Any, params: int, vocab: int,
+            wall_s: float, last_eval: dict[str, Any]) -> dict[str, Any]:
+    """The run record (``run.json``: the command, config, final evaluation, versions) and the
+    exported model(s)."""
+    out = Path(cfg.out)
     summary: dict[str, Any] = {
         "command": command_line(cfg), "argv": list(argv) if argv is not None else None,
         "seed": cfg.seed, "config": cfg.to_dict(), "parameters": params,
-        "vocab_size": len(tok), "steps_done": cfg.steps, "wall_s": round(wall(), 1),
+        "vocab_size": vocab, "steps_done": cfg.steps, "wall_s": wall_s,
         "threads": torch.get_num_threads(), "final_eval": last_eval,
         "versions": {"python": platform.python_version(), "torch": torch.__version__},
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S%z"),

@@ -48,7 +48,7 @@ def test_cpu_auto_is_reference_and_lazy():
 def test_reference_explicit_and_auto_log_once(caplog):
     x = torch.randn(2, 5)
     assert kernels.resolve_impl("reference", x.device) is Impl.REFERENCE
-    kernels._auto.cache_clear()
+    kernels.dispatch._auto.cache_clear()
     with caplog.at_level(logging.INFO, logger="dllm_decode.kernels"):
         for _ in range(3):
             assert kernels.resolve_impl(Impl.AUTO, torch.device("cpu")) is Impl.REFERENCE

@@ -103,9 +103,9 @@ def test_model_forwards_with_triton_layer_ops_match_reference(device, family) ->
     ("sdar", "none"), ("sdar", "block_causal")])
 def test_triton_layer_path_launches_at_most_14_per_layer(device, family, mode) -> None:
     """CUDA's ``auto`` path (SDPA + Triton layer ops) counted on CPU: Triton launches are
-    profiler ranges, torch ops the top-level kernel-launching aten ops (``models.launches``).
+    profiler ranges, torch ops the top-level kernel-launching aten ops (``diagnostics.launches``).
     """
-    from dllm_decode.models.launches import layer_launches
+    from dllm_decode.diagnostics.launches import layer_launches
 
     model = tiny_model(family).to(device)
     model.layer_impl = Impl.TRITON

@@ -1,6 +1,6 @@
 """First-use self-check and DLLM_DECODE_KERNELS, exercised on CPU through the interpreter.
 
-``auto`` only picks Triton on CUDA; here ``kernels._auto`` is patched to pick it for CPU
+``auto`` only picks Triton on CUDA; here ``kernels.dispatch._auto`` is patched to pick it for CPU
 tensors (the interpreter), which is exactly the path a GPU takes the first time an op runs.
 """
 
@@ -16,7 +16,7 @@ import torch
 from kernel_utils import from_interpreter
 
 from dllm_decode import kernels
-from dllm_decode.kernels import reference, selfcheck
+from dllm_decode.kernels import dispatch, reference, selfcheck
 from dllm_decode.types import Impl
 
 pytestmark = pytest.mark.triton
@@ -45,8 +45,8 @@ def warns_self_check(match: str) -> Iterator[None]:
 
 @pytest.fixture
 def auto_is_triton(device, monkeypatch):
-    monkeypatch.setattr(kernels, "_auto", lambda device_type: Impl.TRITON)
-    monkeypatch.setattr(kernels, "AUTO_ON_CUDA", {})  # every op Triton (also on a GPU)
+    monkeypatch.setattr(dispatch, "_auto", lambda device_type: Impl.TRITON)
+    monkeypatch.setattr(dispatch, "AUTO_ON_CUDA", {})  # every op Triton (also on a GPU)
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
     selfcheck.reset()
     yield
@@ -166,7 +166,7 @@ def test_auto_on_cuda_goes_per_op(monkeypatch) -> None:
     """``AUTO_ON_CUDA``: attention and the cache scatter stay on torch, the layer ops and the
     vocabulary pass go to Triton; categorical proposals never resolve to Triton under auto.
     (Resolution only: nothing launches, so no GPU is needed.)"""
-    monkeypatch.setattr(kernels, "_auto", lambda device_type: Impl.TRITON)
+    monkeypatch.setattr(dispatch, "_auto", lambda device_type: Impl.TRITON)
     monkeypatch.setattr(selfcheck, "passed", lambda *args, **kwargs: True)
     monkeypatch.delenv(kernels.ENV_VAR, raising=False)
     cuda = torch.device("cuda")
@@ -175,7 +175,7 @@ def test_auto_on_cuda_goes_per_op(monkeypatch) -> None:
     assert kernels.resolve_impl("auto", cuda, ops=("qkv_rope", "silu_mul")) is Impl.TRITON
     assert kernels.propose_impl("auto", cuda, "gumbel") is Impl.TRITON
     assert kernels.propose_impl("auto", cuda, "categorical") is Impl.REFERENCE
-    monkeypatch.setattr(kernels, "_require_triton", lambda device: None)
+    monkeypatch.setattr(dispatch, "_require_triton", lambda device: None)
     assert kernels.propose_impl("triton", cuda, "categorical") is Impl.TRITON  # then raises
 
 

@@ -16,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any, Protocol
 
 from dllm_decode.eval.parallelbench.prompts import render_messages
+from dllm_decode.speed import answer_length
 
 
 class Codec(Protocol):
@@ -30,9 +31,9 @@ class Codec(Protocol):
 
 
 def useful_length(ids: Sequence[int], eos_token_ids: Sequence[int]) -> int:
-    """Number of generated tokens before the first EOS (all of them if there is none)."""
-    eos = set(eos_token_ids)
-    return next((i for i, token in enumerate(ids) if token in eos), len(ids))
+    """Number of generated tokens before the first EOS (all of them if there is none): the
+    numerator of tokens per forward (``speed.answer_length``)."""
+    return answer_length(ids, eos_token_ids)
 
 
 class TokenizerCodec:

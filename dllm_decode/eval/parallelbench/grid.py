@@ -56,7 +56,8 @@ from typing import Any, Final
 import yaml
 
 from dllm_decode.eval.parallelbench.tasks import BENCHMARK_TASKS, TASK_SPECS, task_spec
-from dllm_decode.policies.compose import STOPPERS, TRUNCATORS, is_import_path, split_params
+from dllm_decode.policies.import_path import is_import_path
+from dllm_decode.policies.resolve import STOPPERS, TRUNCATORS, split_params
 
 SOURCES: Final[tuple[str, ...]] = ("official", "generated")
 _GRID_KEYS: Final[frozenset[str]] = frozenset(
@@ -226,11 +227,9 @@ def _check_sweep_params(raw: Mapping[str, Any], params: Mapping[str, Any], where
     """Unknown policies, and params that no part of a composed sweep (nor ``SamplerConfig``)
     accepts, fail at grid load (the check ``DiffusionSampler`` / ``build_sampler`` make)."""
     from dllm_decode.config import SamplerConfig
-    from dllm_decode.policies.compose import unknown_params
     from dllm_decode.policies.defaults import DEFAULT_POLICY
-    from dllm_decode.policies.registry import PRESETS, load_optional_presets
+    from dllm_decode.policies.resolve import PRESETS, unknown_params
 
-    load_optional_presets()
     first = {str(k): _as_tuple(v)[0] for k, v in params.items()}
     first = {k: v for k, v in first.items() if k not in SamplerConfig.field_names()}
     for name in map(str, _as_tuple(raw["policy"])):

@@ -4,6 +4,9 @@
   the all-method Pareto front drawn as a dashed step line.
 * :func:`score_panels`: score vs tokens-per-step per category (task-averaged), one line per
   method, log2 x axis as in the ParallelBench figures.
+
+Both put one legend right of the panels and give every panel a score axis at least 10 points
+wide (``score_limits``).
 """
 
 from __future__ import annotations
@@ -21,6 +24,10 @@ _COLUMNS: Final[int] = 4
 _PANEL_INCHES: Final[tuple[float, float]] = (4.0, 3.2)
 _DPI: Final[int] = 120
 _LOG_BASE: Final[int] = 2
+#: score axes: at least this many points wide, this much room above and below the scores
+_MIN_SPAN: Final[float] = 10.0
+_MARGIN: Final[float] = 2.0
+_PERCENT: Final[float] = 100.0
 
 
 def _pyplot() -> Any:
@@ -44,18 +51,41 @@ def _grid(count: int) -> tuple[Any, list[Any]]:
     return fig, flat[:count]
 
 
-def _save(fig: Any, path: Path) -> Path:
+def _save(fig: Any, axes: list[Any], path: Path) -> Path:
+    """Tight layout, one legend for every panel right of the grid (methods from any panel,
+    each once), saved with the legend inside the picture."""
     path.parent.mkdir(parents=True, exist_ok=True)
+    handles: dict[str, Any] = {}
+    for ax in axes:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            handles.setdefault(label, handle)
     fig.tight_layout()
-    fig.savefig(path, dpi=_DPI)
+    if handles:
+        fig.legend(list(handles.values()), list(handles), loc="upper left",
+                   bbox_to_anchor=(1.0, 1.0), fontsize=7, title="method")
+    fig.savefig(path, dpi=_DPI, bbox_inches="tight")
     _pyplot().close(fig)
     return path
+
+
+def score_limits(scores: Sequence[float]) -> tuple[float, float]:
+    """The y range of a score panel (percent): the scores with a margin, at least
+    ``_MIN_SPAN`` points wide (a flat score is not blown up into noise) and inside
+    [-``_MARGIN``, 100 + ``_MARGIN``]."""
+    lo, hi = min(scores), max(scores)
+    if hi - lo < _MIN_SPAN:
+        mid = min(max((lo + hi) / 2, _MIN_SPAN / 2), _PERCENT - _MIN_SPAN / 2)
+        lo, hi = mid - _MIN_SPAN / 2, mid + _MIN_SPAN / 2
+    return max(lo - _MARGIN, -_MARGIN), min(hi + _MARGIN, _PERCENT + _MARGIN)
 
 
 def _lines(ax: Any, points: dict[str, list[tuple[float, float]]], xlabel: str) -> None:
     for method, xy in sorted(points.items()):
         xy = sorted(xy)
         ax.plot([x for x, _ in xy], [y for _, y in xy], marker="o", markersize=3, label=method)
+    scores = [y for xy in points.values() for _, y in xy]
+    if scores:
+        ax.set_ylim(*score_limits(scores))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("score (%)")
     ax.grid(alpha=0.3)
@@ -78,8 +108,7 @@ def pareto_plot(cells: Sequence[dict[str, Any]], path: str | Path) -> Path:
         if front:
             ax.step([x for x, _ in front], [y for _, y in front], "k--", where="pre", lw=1)
         ax.set_title(task, fontsize=9)
-    axes[0].legend(fontsize=6)
-    return _save(fig, Path(path))
+    return _save(fig, axes, Path(path))
 
 
 def score_panels(cells: Sequence[dict[str, Any]], path: str | Path) -> Path:
@@ -102,5 +131,4 @@ def score_panels(cells: Sequence[dict[str, Any]], path: str | Path) -> Path:
         _lines(ax, curves, "tokens per step")
         ax.set_xscale("log", base=_LOG_BASE)
         ax.set_title(category, fontsize=9)
-    axes[0].legend(fontsize=6)
-    return _save(fig, Path(path))
+    return _save(fig, axes, Path(path))

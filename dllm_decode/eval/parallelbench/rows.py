@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Mapping
+from collections import Counter
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, Final
 
 ROWS_FILE: Final[str] = "rows.jsonl"
 RANK_FILE: Final[str] = "rows.rank{rank}.jsonl"
+PLAN_FILE: Final[str] = "run.json"
 Key = tuple[str, str, int]
 
 
@@ -102,3 +104,22 @@ class RowWriter:
 
     def close(self) -> None:
         self._handle.close()
+
+
+def write_plan(out_dir: str | Path, config_hashes: Iterable[str]) -> Path:
+    """Record what a run is meant to produce: ``run.json`` = rows expected per config hash
+    (one entry per work unit), so ``eval analyze`` can tell a finished run from one that was
+    interrupted (or is still running). Replaced atomically by every run into ``out_dir``."""
+    out = Path(out_dir)
+    target, tmp = out / PLAN_FILE, out / (PLAN_FILE + ".tmp")
+    tmp.write_text(json.dumps({"expected_rows": dict(Counter(config_hashes))}, indent=1) + "\n")
+    os.replace(tmp, target)
+    return target
+
+
+def read_plan(out_dir: str | Path) -> dict[str, int] | None:
+    """Rows expected per config hash (``write_plan``), or ``None`` for a run without one."""
+    path = Path(out_dir) / PLAN_FILE
+    if not path.is_file():
+        return None
+    return {str(k): int(v) for k, v in json.loads(path.read_text())["expected_rows"].items()}

@@ -30,8 +30,8 @@ from torch import nn
 from dllm_decode.config import SamplerConfig
 from dllm_decode.policies.base import bind_of
 from dllm_decode.policies.capabilities import PolicyCapabilities, policy_capabilities
-from dllm_decode.policies.defaults import resolve_policy
-from dllm_decode.policies.registry import Policy
+from dllm_decode.policies.defaults import apply_family_default
+from dllm_decode.policies.policy import Policy
 from dllm_decode.samplers.params import build_policy
 
 #: the name SGLang resolves (``--dllm-algorithm DllmDecode``)
@@ -181,7 +181,7 @@ def _resolve(served: ServedModel, policy: str, params: dict[str, Any], stopper: 
              truncator: str | None) -> tuple[dict[str, Any], Policy]:
     """The library's resolution, as ``build_sampler`` (the CLI) does it: the family default for
     ``"default"``, then ``SamplerConfig`` fields and the composed policy. The one call site."""
-    policy, params, _ = resolve_policy(served, policy, params)
+    policy, params, _ = apply_family_default(served, policy, params)
     return build_policy(policy, params, stopper=stopper, truncator=truncator)
 
 
