@@ -337,6 +337,9 @@ LOOP_CASES = [  # policy, params, stopper, truncator, blocks
     ("sched", {"base": "entropy", "tau_high": 6.0, "tau_low": 1.0}, None, None, 1),
     ("eb", {"gamma": 0.1, "stopper.tau_high": 5.0}, "sched", None, 1),
     ("llada21", {"mode": "speed", "max_post_steps": 2}, None, None, 4),
+    ("frechet", {}, None, None, 4),
+    ("dus", {}, None, None, 4),       # reads the block's start (a cut first block)
+    ("credit", {}, None, None, 4),    # fuses the logits before the proposal
 ]
 
 

@@ -3,11 +3,12 @@
 Each SGLang row is one request's block of ``K`` positions (``input_ids [B * K]``), the prompt
 tail of a first block marked by ``dllm_prompt_mask``. A row's block is decoded as
 ``DiffusionSampler`` decodes a block of a block-diffusion model (``samplers.mask_run``): the
-canvas is the block, eligible = masked and not prompt, the proposal comes from the step's
-logits through the library's ``ProposalMaker`` (prompt positions unscored), the budget schedule
-is the policy's (LLaDA split or Dream grid of ``steps`` per block), the selector's commits (and
-edits, stopper and truncator) are written into ``input_ids`` in place, and the block's last
-scheduled step commits what is left, so every block ends.
+canvas is the block (a cut first block starts after its prompt tail), eligible = masked and not
+prompt, the proposal comes from the step's logits (fused first by a selector that fuses them,
+CreditDecoding) through the library's ``ProposalMaker`` (prompt positions unscored), the budget
+schedule is the policy's (LLaDA split or Dream grid of ``steps`` per block), the selector's
+commits (and edits, stopper and truncator) are written into ``input_ids`` in place, and the
+block's last scheduled step commits what is left, so every block ends.
 
 Done flags follow SGLang's contract for models that keep the block's K/V: a row is done at the
 first step whose forward saw the block complete (no mask left, and for editing policies no
@@ -80,9 +81,10 @@ class RequestBlock:
     generator: torch.Generator | None = None
     lengths: Tensor | None = None
 
-    def key(self, timed: bool) -> tuple[int, int]:
-        """The host integers its ``StepState`` is built from: step and schedule length."""
-        return self.step, self.n_commit if timed else self.open
+    def key(self) -> tuple[int, int, int]:
+        """The host integers its ``StepState`` is built from: step, schedule length and open
+        positions (the block of a cut first block starts after the prompt tail)."""
+        return self.step, self.n_commit, self.open
 
 
 class BlockDecoder:
@@ -121,6 +123,8 @@ class BlockDecoder:
         self.edits, self.max_post, self.timed = sel.edits, sel.max_post_steps, sel.budgeted
         self.schedule = cfg.schedule or sel.preferred_schedule or "llada"
         self.needs_logits = caps.needs_logits
+        #: a score transform of the step's logits (CreditDecoding), before anything is proposed
+        self.fuse = self.selector.fuse_logits if sel.fuses_logits else None
         #: handed to calls that must not draw: a draw shows in its state (``_decide``)
         self.probe = torch.Generator(device=device)
         maker = self.maker = ProposalMaker(served, cfg, served.family, self.probe)
@@ -202,7 +206,7 @@ class BlockDecoder:
         if not active:
             return done
         logits = self.maker.edit(logits)  # the mask token (and EOS if asked) at -inf, in place
-        shared = None if self.sampling else self._propose(logits, None)
+        shared = None if self.sampling or self.fuse else self._propose(logits, None)
         calls = self._calls(active, states, ids, logits, shared, self.maker.mask_logit)
         for rows, idx, canvas, _, lengths in calls:
             if idx is None:
@@ -229,7 +233,7 @@ class BlockDecoder:
         while True:
             keys: dict[tuple[int, int], list[int]] = {}
             for r in active:
-                keys.setdefault(states[r].key(self.timed), []).append(r)
+                keys.setdefault(states[r].key(), []).append(r)
             if self.split == "row":
                 groups = [[r] for r in active]
             else:
@@ -267,7 +271,15 @@ class BlockDecoder:
         probe = self.probe
         generator = self._generator(st0, device) if row_mode else probe
         drawn = probe.get_state()
+        memory = None
+        if self.has_memory:  # row mode: the request's own memory
+            if st0.memory is None:
+                st0.memory = init_memory_of(self.selector, 1, k, device)
+            memory = st0.memory
+        start = k - st0.open  # a cut first block starts after the prompt tail, as in the loop
         step_logits = take(logits)
+        if self.fuse is not None:  # row mode (the fusion's memory is per request)
+            step_logits = self.fuse(step_logits.clone(), self.rows, masked, memory, (start, k))
         prop = self._propose(step_logits, generator) if shared is None else take_rows(shared, idx)
         full = widen(prop, canvas, self.rows, live=fresh)  # prompt positions unscored
         budget = None
@@ -279,15 +291,10 @@ class BlockDecoder:
         if self.truncator is not None:
             lengths = torch.cat([st.lengths if st.lengths is not None else
                                  torch.full((1,), k, device=device) for st in sts])
-        memory = None
-        if self.has_memory:  # row mode: the request's own memory
-            if st0.memory is None:
-                st0.memory = init_memory_of(self.selector, 1, k, device)
-            memory = st0.memory
         editable = ~masked & fresh if self.edits else None
         fields = dict(
             proposal=full, eligible=masked, masked=masked, fresh=fresh, canvas=canvas, step=i,
-            block=0, block_start=0, block_end=k, gen_start=0, block_step=i,
+            block=0, block_start=start, block_end=k, gen_start=start, block_step=i,
             steps_left=max(st0.n_commit - i, 1) if self.timed else None, budget=budget,
             progress=i / max(total - 1, 1), generator=generator, forward_start=0,
             forward_width=k, times=self._times(st0), memory=memory,

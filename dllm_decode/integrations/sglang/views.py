@@ -20,8 +20,10 @@ from dllm_decode.samplers.contract import PolicyContractError
 from dllm_decode.samplers.proposals import ProposalMaker
 from dllm_decode.types import Proposal, StepState
 
-#: ``StepState`` host fields that differ between rows at different steps of their blocks
-STEP_FIELDS = frozenset({"step", "block_step", "steps_left", "progress", "times"})
+#: ``StepState`` host fields that differ between rows at different steps of their blocks (or
+#: with different prompt tails)
+STEP_FIELDS = frozenset({"step", "block_step", "steps_left", "progress", "times",
+                         "block_start", "gen_start"})
 
 
 @dataclass
