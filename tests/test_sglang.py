@@ -190,6 +190,19 @@ def test_bad_config_is_one_line(config, needle) -> None:
     assert needle in message and "\n" not in message
 
 
+@pytest.mark.parametrize(("policy", "params", "stopper"), [
+    ("thresold", {}, None), ("eb", {"gama": 0.1}, None), ("eb", {"gamma": "high"}, None),
+    ("threshold", {}, "shed"), ("threshold", {"stopper.tau_low": 1.0}, None),
+    (["eb"], {}, None), ("threshold", {}, 3)])
+def test_yaml_errors_are_diffusion_samplers(tiny_sdar, policy, params, stopper) -> None:
+    """The YAML goes through ``DiffusionSampler``'s resolution: the same message, one line."""
+    with pytest.raises((TypeError, ValueError)) as sampler:
+        build_sampler(tiny_sdar[0], policy, stopper=stopper, params=params)
+    with pytest.raises(ValueError) as served:
+        serving_spec({"policy": policy, "params": params, "stopper": stopper}, SERVED)
+    assert str(served.value) == " ".join(str(sampler.value).split())
+
+
 def test_configs_that_serve() -> None:
     for config in ({"policy": "eb", "params": {"gamma": 0.01}},
                    {"policy": "default"},  # the family's default (SDAR: dynamic threshold)

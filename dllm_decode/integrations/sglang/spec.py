@@ -8,13 +8,15 @@ The YAML names the policy exactly as ``DiffusionSampler`` and ``dllm-decode gene
     truncator: eotp
     block_size: 32             # SGLang's own key (read by SGLang, left alone here)
 
-``serving_spec`` resolves it with the library's resolution (``_resolve``: the family default,
-then the split into ``SamplerConfig`` fields and the composed ``Policy``), so unknown names and
-parameters get the same errors as on the command line, and then refuses, with the reason and
-what to use instead, what cannot run inside SGLang's block loop: policies of uniform-noise
-models, policies that need extra forwards (S2D2's verifier), per-row pruned canvases
-(``window``), cross-block commits, and the ``SamplerConfig`` settings that belong to the
-library's own loop (``gen_length``, cache plans, CFG, ...). Nothing here imports SGLang.
+``serving_spec`` resolves it with the code ``DiffusionSampler`` and the CLI resolve with
+(``policies.defaults.apply_family_default`` for ``default``, then
+``samplers.params.build_policy``: the split into ``SamplerConfig`` fields and
+``policies.resolve.resolve_policy``), so unknown names and parameters get the same errors as
+there, made one line, and then refuses, with the reason and what to use instead, what cannot
+run inside SGLang's block loop: policies of uniform-noise models, policies that need extra
+forwards (S2D2's verifier), per-row pruned canvases (``window``), cross-block commits, and the
+``SamplerConfig`` settings that belong to the library's own loop (``gen_length``, cache plans,
+CFG, ...). Nothing here imports SGLang.
 """
 
 from __future__ import annotations
@@ -153,19 +155,13 @@ def serving_spec(config: Mapping[str, Any], served: ServedModel) -> ServingSpec:
     if unknown:
         raise ValueError(f"unknown {ALGORITHM_NAME} config key(s) {unknown}; keys: "
                          f"{list(SPEC_KEYS)} (and SGLang's {list(SGLANG_KEYS)})")
-    policy = config.get("policy", "default")
     params = config.get("params") or {}
-    if not isinstance(policy, str):
-        raise ValueError(f"policy must be a preset name, 'module:Class' or 'file.py:Class', got "
-                         f"{policy!r}")
     if not isinstance(params, Mapping):
         raise ValueError(f"params must be a mapping (as --param KEY=VALUE), got {params!r}")
-    parts = {role: config.get(role) for role in ("stopper", "truncator")}
-    for role, spec in parts.items():
-        if spec is not None and not isinstance(spec, str):
-            raise ValueError(f"{role} must be a name or an import path, got {spec!r}")
-    try:
-        cfg_params, built = _resolve(served, policy, dict(params), **parts)
+    try:  # as DiffusionSampler / build_sampler: the family default, then the one resolution
+        policy, params, _ = apply_family_default(served, config.get("policy"), params)
+        cfg_params, built = build_policy(policy, params, stopper=config.get("stopper"),
+                                         truncator=config.get("truncator"))
     except (TypeError, ValueError) as err:
         raise ValueError(_one_line(err)) from None
     cfg = serving_config(cfg_params, served.block_size)
@@ -175,14 +171,6 @@ def serving_spec(config: Mapping[str, Any], served: ServedModel) -> ServingSpec:
         raise ValueError(_one_line(err)) from None
     refuse_unservable(caps, built.name)
     return ServingSpec(built, cfg, caps)
-
-
-def _resolve(served: ServedModel, policy: str, params: dict[str, Any], stopper: str | None,
-             truncator: str | None) -> tuple[dict[str, Any], Policy]:
-    """The library's resolution, as ``build_sampler`` (the CLI) does it: the family default for
-    ``"default"``, then ``SamplerConfig`` fields and the composed policy. The one call site."""
-    policy, params, _ = apply_family_default(served, policy, params)
-    return build_policy(policy, params, stopper=stopper, truncator=truncator)
 
 
 def _bound_parts(policy: Policy, served: ServedModel, cfg: SamplerConfig) -> list[Any]:
