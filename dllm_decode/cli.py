@@ -11,6 +11,7 @@ from typing import Any
 
 from dllm_decode.policies.resolve import PRESETS, STOPPERS, TRUNCATORS
 from dllm_decode.samplers.contract import DecodeContractError
+from dllm_decode.types import CacheMode
 
 #: the bundled default checkpoint (LLaDA-like); a seeded random model stands in if absent
 DEFAULT_MODEL = "tiny-llada"
@@ -249,7 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     gen.add_argument("--truncator", default=None, metavar="NAME|MODULE:CLASS",
                      help=f"add a truncator: {', '.join(sorted(TRUNCATORS))} or an import path")
     gen.add_argument("--cache", default=None,
-                     choices=["none", "prefix", "dual", "block_causal", "window", "sub_block"],
+                     choices=[m.value for m in CacheMode],
                      help="default: the family default's cache (no --policy), else the "
                           "policy's preferred cache, else none")
     gen.add_argument("--gen-length", type=int, default=64)

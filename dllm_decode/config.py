@@ -40,10 +40,17 @@ class SamplerConfig:
             canvases (``None``: the policy's budget per canvas).
         temperature: 0 -> argmax proposals; > 0 -> sampling (float64 Gumbel-max for LLaDA).
         cache: which positions each forward recomputes (``none``/``prefix``/``dual``/
-            ``block_causal``/``window``/``sub_block``; ``dllm_decode.cache.plans``).
+            ``block_causal``/``window``/``sub_block``/``dllm_cache``;
+            ``dllm_decode.cache.plans``).
         refresh_every: with ``prefix``/``dual``, also refresh the cache every R steps inside
             a block (``None``: only at block start, as Fast-dLLM does); with ``window``, the
-            phase length (Window-Diffusion ``refresh_cycle``; ``None``: 32).
+            phase length (Window-Diffusion ``refresh_cycle``; ``None``: 32); with
+            ``dllm_cache``, the response's refresh interval ``K_r`` (``None``: 7 for LLaDA, 2
+            for Dream, the authors' GSM8K settings).
+        prompt_refresh_every: ``dllm_cache``: the prompt's refresh interval ``K_p`` (``None``:
+            50 for LLaDA, 25 for Dream).
+        refresh_ratio: ``dllm_cache``: the share ``rho`` of response tokens recomputed between
+            response refreshes, those whose value vectors moved most (``None``: 0.25).
         causal_prefix: block-diffusion models: committed blocks (and the prompt's full blocks)
             attend causally, token by token, when their K/V are computed (S2D2's "AR-like
             caching", ``cache_ver``); the block being denoised still attends block-causally.
@@ -120,6 +127,8 @@ class SamplerConfig:
     temperature: float = 0.0
     cache: CacheMode = CacheMode.NONE
     refresh_every: int | None = None
+    prompt_refresh_every: int | None = None
+    refresh_ratio: float | None = None
     causal_prefix: bool | None = None
     window_tokens: int | None = None
     active_tokens: int | None = None
@@ -173,6 +182,14 @@ class SamplerConfig:
               f"cfg_scale must be a finite number >= 0, got {self.cfg_scale}")
         check(self.refresh_every is None or self.refresh_every >= 1,
               f"refresh_every must be >= 1 or None, got {self.refresh_every!r}")
+        check(self.prompt_refresh_every is None or self.prompt_refresh_every >= 1,
+              f"prompt_refresh_every must be >= 1 or None, got {self.prompt_refresh_every!r}")
+        check(self.refresh_ratio is None or 0 <= self.refresh_ratio <= 1,
+              f"refresh_ratio must be in [0, 1] or None, got {self.refresh_ratio!r}")
+        for name in ("prompt_refresh_every", "refresh_ratio"):
+            check(getattr(self, name) is None or self.cache is CacheMode.DLLM_CACHE,
+                  f"{name} configures cache='dllm_cache' and does nothing with cache="
+                  f"{self.cache.value!r}: pass cache='dllm_cache' or leave {name}=None")
         for name in ("window_tokens", "active_tokens"):
             value = getattr(self, name)
             check(value is None or (isinstance(value, int) and value >= 1),

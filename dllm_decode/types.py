@@ -40,6 +40,7 @@ class CacheMode(str, Enum):
     BLOCK_CAUSAL = "block_causal"
     WINDOW = "window"
     SUB_BLOCK = "sub_block"
+    DLLM_CACHE = "dllm_cache"
 
 
 class Impl(str, Enum):
@@ -211,6 +212,24 @@ class DiffusionLM(Protocol):
     ) -> Tensor: ...
 
 
+class FeatureCachedLM(DiffusionLM, Protocol):
+    """A ``DiffusionLM`` that runs dLLM-Cache's per-layer feature reuse (``cache="dllm_cache"``;
+    ``models.base.DecoderLM`` with standard layers).
+
+    ``rope_tables(positions [B, L]) -> (cos, sin)``; ``feature_forward(tokens [B, L],
+    positions [B, L], store, **plan) -> logits [B, L, V]`` (or ``[B, R, V]`` for ``plan``'s
+    ``hidden_rows``), reading and writing the per-layer features in ``store`` (the plan's
+    ``cache.dllm_cache.FeatureStore``) as ``plan`` says (``models.feature_cache``).
+    """
+
+    layers: Any  # one entry per decoder layer
+
+    def rope_tables(self, positions: Tensor) -> tuple[Tensor, Tensor]: ...
+
+    def feature_forward(self, tokens: Tensor, positions: Tensor, store: Any,
+                        **plan: Any) -> Tensor: ...
+
+
 class StepModel(Protocol):
     """The model as a policy may use it during one step (``StepState.model``).
 
@@ -317,8 +336,14 @@ class Generation:
     step_forwards: model calls per step (1, plus extra forwards such as S2D2's verifier, or
         2 for a ``sub_block`` step whose rows disagree; a separate prefill is no step).
     edits: ``[B, steps, G]`` bool, the generated positions each step rewrote after their
-        commit (token editing, ``Capabilities(edits=True)``); ``None`` for policies that do not
-        edit. ``commit_step`` keeps each position's first commit.
+        commit (token editing, ``Capabilities(edits=True)``; a re-mask, ``remasks=True``, is
+        an edit too); ``None`` for policies that do not edit. ``commit_step`` keeps each
+        position's first commit (a re-masked position: its last).
+    step_positions: token positions per row each step ran through the model's layers: the
+        fed width of its forward(s), extra forwards included (without a cache an extra
+        forward recomputes the canvas beside its own tokens); a plan that recomputes only
+        some positions at some layers (``cache="dllm_cache"``) counts their mean over the
+        layers. ``positions`` is their sum plus a ``separate_prefill`` forward's.
     """
 
     tokens: Tensor
@@ -333,6 +358,8 @@ class Generation:
     refreshed: Tensor | None = None
     step_forwards: list[int] | None = None
     edits: Tensor | None = None
+    step_positions: list[float] | None = None
+    positions: float | None = None
 
     def edits_per_step(self) -> Tensor:
         """``[B, steps]`` int64: generated positions rewritten at each step (zeros when the

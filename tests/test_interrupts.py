@@ -24,10 +24,18 @@ ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
 
 
+def _sigint_default() -> None:
+    """In the child before exec: SIGINT back to its default disposition. A job started in the
+    background (``nohup ... &``) inherits SIGINT ignored, and Python then installs no
+    KeyboardInterrupt handler, so the command would never see the user's Ctrl-C."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def _start(argv: list[str], cwd: Path) -> subprocess.Popen:
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(ROOT)}
     return subprocess.Popen([sys.executable, "-m", "dllm_decode.cli", *argv], cwd=cwd, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=_sigint_default)
 
 
 def _interrupt(proc: subprocess.Popen, ready: callable, timeout: float = 120.0) -> tuple[str, str]:

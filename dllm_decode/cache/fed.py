@@ -37,6 +37,9 @@ class Fed:
     #: ``(lo, hi)`` when ``rows`` is the contiguous ``arange(lo, hi)`` (the sampler then works
     #: on the span with cached masks instead of scattering)
     span: tuple[int, int] | None = None
+    #: token positions per row the forward ran through the model's layers (a plan that
+    #: recomputes only some positions at some layers counts their mean over the layers)
+    positions: float = 0.0
 
     def fresh_mask(self, batch: int, length: int) -> Tensor:
         """``[batch, length]`` bool: canvas positions with fresh logits in each row (the first

@@ -12,6 +12,9 @@
 
 * ``window`` (Window-Diffusion): phases of full and pruned steps over per-row position sets;
   see ``dllm_decode.cache.window``.
+* ``dllm_cache`` (dLLM-Cache): the whole canvas every step, each layer reusing its cached
+  features (prompt / response refreshed at their own intervals, a share of the response in
+  between); see ``dllm_decode.cache.dllm_cache``.
 * ``sub_block`` (Fast-dLLM v2's ``use_block_cache``): ``block_causal`` across blocks; inside a
   block, each row's current sub-block alone against the block's K/V of its last refresh
   (approximate); see ``dllm_decode.cache.sub_block``. ``separate_prefill``: ``prefill``.
@@ -284,7 +287,13 @@ class ForwardPlan:
         """The tensor half of ``forward``: the model over ``feed``'s span (no host sync)."""
         logits = self._run(canvas, feed.start, feed.end, feed.lo, feed.hi, feed.use_cache)
         return Fed(logits, self._arange(feed.lo, feed.hi), feed.fed_start, feed.fed_width,
-                   refresh=feed.refresh, double_draw=feed.double_draw, span=(feed.lo, feed.hi))
+                   refresh=feed.refresh, double_draw=feed.double_draw, span=(feed.lo, feed.hi),
+                   positions=feed.end - feed.start)
+
+    def extra_width(self, n: int) -> int:
+        """Token positions per row an ``extra_forward`` of ``n`` tokens runs: ``n`` against a
+        cache, ``L + n`` without one (the canvas is recomputed beside them)."""
+        return n if self.cache is not None else self.length + n
 
     def extra_forward(self, canvas: Tensor, tokens: Tensor, positions: Tensor,
                       mask: Tensor) -> Tensor:

@@ -143,7 +143,8 @@ class SubBlockPlan(ForwardPlan):
         live = (window > (a + start)[:, None]) | (
             (window == (a + start)[:, None]) & rows_refresh[:, None])
         return Fed(logits, window, a, width, refresh=any_refresh and not any_sub,
-                   live=live, refreshed=rows_refresh, calls=int(any_sub) + int(any_refresh))
+                   live=live, refreshed=rows_refresh, calls=int(any_sub) + int(any_refresh),
+                   positions=s * any_sub + (be - max(a - self.shift, 0)) * any_refresh)
 
     def _window_forward(self, canvas: Tensor, window: Tensor, be: int) -> Tensor:
         """Each row's window ``[B', S]`` fed against the cache (keys before ``be``); stores

@@ -1,8 +1,8 @@
 """Cache mode -> the plan that runs it: one table beside the plans (``PLANS``) and
 ``make_plan``, which the sampler calls once per generation.
 
-Each plan module (``plans``, ``sub_block``, ``window``) defines its plan and a builder
-``(model, mode, valid, positions, cfg, family, cache, sub_block) -> plan`` from a
+Each plan module (``plans``, ``sub_block``, ``window``, ``dllm_cache``) defines its plan and a
+builder ``(model, mode, valid, positions, cfg, family, cache, sub_block) -> plan`` from a
 ``SamplerConfig``; this module imports them all, and nothing below it knows the others. A new
 plan adds its ``CacheMode`` (``types``) and its builder here (``register_plan`` for a plugin).
 """
@@ -14,6 +14,7 @@ from typing import Any
 
 from torch import Tensor
 
+from dllm_decode.cache.dllm_cache import dllm_cache_plan
 from dllm_decode.cache.kv import BlockKVCache
 from dllm_decode.cache.plans import ForwardPlan, forward_plan
 from dllm_decode.cache.sub_block import sub_block_plan
@@ -28,6 +29,7 @@ PLANS: dict[CacheMode, Callable[..., ForwardPlan]] = {
     CacheMode.BLOCK_CAUSAL: forward_plan,
     CacheMode.SUB_BLOCK: sub_block_plan,
     CacheMode.WINDOW: window_plan,
+    CacheMode.DLLM_CACHE: dllm_cache_plan,
 }
 
 

@@ -156,7 +156,7 @@ class WindowPlan(ForwardPlan):
         if all_full and whole:  # every row refreshes the whole canvas
             logits = self._run(canvas, 0, length, lo, hi, use_cache=True)
             return Fed(logits, torch.arange(lo, hi, device=canvas.device), 0, length,
-                       refresh=True)
+                       refresh=True, positions=length)
         pos = torch.arange(length, device=canvas.device)
         order = torch.sort(torch.where(self._fed, pos, pos + length), dim=1, stable=True)
         idx = order.indices[:, :width]
@@ -167,7 +167,7 @@ class WindowPlan(ForwardPlan):
         logits = self.model(canvas.gather(1, idx), self.positions.gather(1, idx),
                             cache=self.cache, slots=idx, mask=self._keys, store=True)
         return Fed(logits, idx, 0, length, refresh=bool(all_full), live=live,
-                   refreshed=self.full)
+                   refreshed=self.full, positions=width)
 
 
 def window_plan(model: DiffusionLM, mode: CacheMode, valid: Tensor, positions: Tensor, cfg: Any,

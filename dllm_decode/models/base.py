@@ -309,6 +309,15 @@ class DecoderLM(nn.Module):
                 h = layer(h, cos, sin, mask, i, cache, slots, store, attn_impl)
         return F.rms_norm(h, (h.shape[-1],), self.norm.weight, self.norm.eps)
 
+    def feature_forward(self, tokens: Tensor, positions: Tensor, store: object,
+                        **plan: object) -> Tensor:
+        """dLLM-Cache's forward of the whole canvas, reusing per-layer features held in
+        ``store`` as ``plan`` says (``models.feature_cache.feature_forward``; used by
+        ``cache="dllm_cache"``). Logits as ``forward``."""
+        from dllm_decode.models.feature_cache import feature_forward
+
+        return feature_forward(self, tokens, positions, store, **plan)
+
     def _block_size_view(self, block_size: int) -> DecoderLM:
         """A view of the same weights whose spec has another ``block_size`` (the families'
         ``with_block_size``)."""

@@ -32,7 +32,7 @@ from typing import Any, Final
 from dllm_decode.types import OPTIONAL_FIELDS, PROPOSAL_FIELDS, ScoreKind
 
 _CACHES: Final[tuple[str, ...]] = ("none", "prefix", "dual", "block_causal", "window",
-                                   "sub_block")
+                                   "sub_block", "dllm_cache")
 _SCHEDULES: Final[tuple[str, ...]] = ("llada", "dream")
 _ATTENTIONS: Final[tuple[str, ...]] = ("bidirectional", "block_causal")
 #: how a model marks unknown positions (``model.noise_kind``; models without one: ``mask``)
@@ -109,6 +109,9 @@ class Capabilities:
             (from ``state.logits`` with ``state.model.probs`` and ``state.generator``, e.g. only
             over the rows it may commit, as Fast-dLLM v2 samples its sub-block), returning them
             as ``Selection.tokens``; the proposal then stays greedy and draws nothing.
+        remasks: with ``edits``, an edit may write the mask token (re-masking a committed
+            position: WINO's narrow-out). The loop never re-masks on a block's last step (that
+            step commits what is left), so the block still ends.
         max_post_steps: with ``edits``, the steps a block may run after its last mask is
             committed (LLaDA2.1 ``max_post_steps``; a post step that edits nothing ends the
             row's block). Must be 0 without ``edits``.
@@ -143,6 +146,7 @@ class Capabilities:
     noise_kinds: tuple[str, ...] = ("mask",)
     edits: bool = False
     samples_tokens: bool = False
+    remasks: bool = False
     max_post_steps: int = 0
     sub_block_size: int | None = None
     fuses_logits: bool = False
@@ -166,6 +170,9 @@ class Capabilities:
         post = self.max_post_steps
         if isinstance(post, bool) or not isinstance(post, int) or post < 0:
             raise ValueError(f"Capabilities.max_post_steps must be an int >= 0, got {post!r}")
+        if self.remasks and not self.edits:
+            raise ValueError("Capabilities.remasks needs edits=True (a re-mask is an edit that "
+                             "writes the mask token)")
         if post and not self.edits:
             raise ValueError("Capabilities.max_post_steps needs edits=True (post steps exist "
                              "only for selectors that rewrite committed positions)")

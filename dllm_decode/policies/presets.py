@@ -22,11 +22,13 @@ from dllm_decode.policies.fastdllm2 import fastdllm_v2_policy
 from dllm_decode.policies.frechet import Frechet
 from dllm_decode.policies.history import CCD, KLASS
 from dllm_decode.policies.learn2pd import EoTP, eotp_policy, learn2pd_policy
+from dllm_decode.policies.lopa import lopa_policy
 from dllm_decode.policies.renoise import gemma_renoise
 from dllm_decode.policies.s2d2 import DynamicThreshold
 from dllm_decode.policies.sched import SchED, prophet_policy, sched_policy
 from dllm_decode.policies.speculative import s2d2
 from dllm_decode.policies.window import EosCut, WindowTopK, window_dream
+from dllm_decode.policies.wino import wide_in_policy, wino_policy
 from dllm_decode.types import ScoreKind
 
 #: the presets whose family default schedule is Dream's (not adaptive, from Dream's ``alg``)
@@ -71,10 +73,14 @@ BUILT_IN: Final[dict[str, Any]] = {
     "llada21": llada21_policy,
     "edit": edit_policy,
     "gemma_renoise": gemma_renoise,
-    # the 2026 methods: Fast-dLLM++ Frechet profile, DUS dilated schedule, credit fusion
+    # the 2026 methods: Fast-dLLM++ Frechet profile, DUS dilated schedule, credit fusion,
+    # WINO's revokable drafting (and its drafting rule alone), LoPA's lookahead branches
     "frechet": Frechet,
     "credit": credit_policy,
     "dus": dus_policy,
+    "wino": wino_policy,
+    "wide_in": wide_in_policy,
+    "lopa": lopa_policy,
 }
 BUILT_IN_STOPPERS: Final[dict[str, Any]] = {"sched": lambda **kw: SchED(**kw),
                                             "prophet": _prophet_stopper}

@@ -16,7 +16,8 @@ What ``DiffusionSampler.generate`` guarantees, and how each part is checked:
   floor ``at_least_budget=True``);
 * **edits are editable**: a selector declaring ``Capabilities(edits=True)`` may rewrite
   positions of ``StepState.editable`` (committed, generated, in the current block, fed) to a
-  token other than the mask; anything else raises ``PolicyContractError``. Edits are bounded
+  token other than the mask (the mask too, re-masking, with ``remasks=True``; never on a
+  block's last step); anything else raises ``PolicyContractError``. Edits are bounded
   per block (``samplers.editing``: the masked phase plus at most ``max_post_steps`` post
   steps), so editing decodes terminate too;
 * **progress**: a selector that commits nothing in a row that had eligible positions (and a
@@ -82,6 +83,7 @@ class StepGuard:
         device: where the tracking tensors live.
         policy: the policy's name (for messages).
         exempt_stall: skip the progress check (``may_commit_nothing`` selectors).
+        remasks: edits may write the mask token (``Capabilities.remasks``, re-masking).
         budgeted: the selector is budgeted and not ``at_least_budget``: committing more than
             ``state.budget`` in a row is a violation (counted with the ineligible commits).
     """
@@ -91,10 +93,12 @@ class StepGuard:
     _DID = -float(1 << 40)
 
     def __init__(self, batch: int, device: torch.device, policy: str, *,
-                 exempt_stall: bool = False, budgeted: bool = False) -> None:
+                 exempt_stall: bool = False, budgeted: bool = False,
+                 remasks: bool = False) -> None:
         self.policy = policy
         self.exempt_stall = exempt_stall
         self.budgeted = budgeted
+        self.remasks = remasks
         # [2, B] progress record: row 0 the steps without a commit since the last one in which
         # the row was expected to commit (``idle``; a stall at ``>= block_steps``), row 1 the
         # same count since the block started, or ``_DID`` once the row committed in it (``>= 1``
@@ -177,8 +181,8 @@ class StepGuard:
                      mask_id: int) -> None:
         """After ``observe``: record this step's invalid edits (sync-free), folded into the
         "ineligible" flag: ``edit [B, L]`` outside ``editable [B, L]`` or writing ``mask_id``
-        (``tokens [B, L]``: the tokens written)."""
-        bad = edit & (~editable | (tokens == mask_id))
+        (``tokens [B, L]``: the tokens written) unless the policy declared ``remasks``."""
+        bad = edit & ~editable if self.remasks else edit & (~editable | (tokens == mask_id))
         self._bad_edit = bad
         self._flags[1] = self._flags[1] + bad.sum(dtype=torch.float64)
 

@@ -241,6 +241,7 @@ class GraphRun:
         buf = self.buf
         bs, be = bounds
         feed = self.plan.feed((bs, be), aligned, step_in_block, lo, full_span)
+        self.positions = feed.end - feed.start  # token positions per row (``Generation``)
         if canvas is not buf.canvas:
             buf.canvas.copy_(canvas)
         if commit_prob is not buf.commit_prob:

@@ -154,7 +154,8 @@ class MaskRun:
         guard = self.guard = StepGuard(self.b, self.device, sampler.policy.name,
                                        exempt_stall=sel_caps.may_commit_nothing,
                                        budgeted=sel_caps.budgeted
-                                       and not sel_caps.at_least_budget)
+                                       and not sel_caps.at_least_budget,
+                                       remasks=sel_caps.remasks)
         if self.compile:  # the compiler fuses the torch reference itself
             maker.impl = Impl.REFERENCE
         self.parts = StepParts(maker, selector, stopper, guard, caps.needs_logits,
@@ -195,6 +196,8 @@ class MaskRun:
         self.spans = SpanMasks(b, length, device)
         self.refreshed: list[Tensor] = []  # [B] per step, stacked at the end (no sync)
         self.step_forwards: list[int] = []  # host counters: model calls per step
+        self.step_positions: list[float] = []  # token positions per row run per step
+        self.prefill_positions = 0.0  # token positions per row of ``separate_prefill``
         self.step = self.forwards = 0
 
     def _prefill(self) -> None:
@@ -204,6 +207,7 @@ class MaskRun:
                                                                   self.mask_id)])
                                   if self.cfg_on else now, *self.layout[0])
         self.forwards += n_pre
+        self.prefill_positions = float(n_pre * self.layout[0][2])
         self.took_part += [torch.ones(self.b, dtype=torch.bool, device=self.device)] * n_pre
 
     # ---- per block ----
@@ -330,6 +334,7 @@ class MaskRun:
             stall_limit=min(n_commit, self.be - self.bs))
         self.forwards += 1
         self.step_forwards.append(1)
+        self.step_positions.append(float(self.graphed.positions))
         self.refreshed.append(self.spans.flag(full))
         self.took_part.append(active)
 
@@ -375,6 +380,7 @@ class MaskRun:
                 expected, self.canvas, self.commit_at, self.commit_prob, step, self.n_masked,
                 in_rows, stall_limit):
             self.step_forwards.append(fed.calls)  # (samplers.fused) records in place
+            self.step_positions.append(float(fed.positions))
         else:
             info = dict(
                 step=step, block=self.blk, block_start=bs, block_end=be, gen_start=p,
@@ -406,6 +412,7 @@ class MaskRun:
                 check_commit(self.state, out.selected,
                              allow_empty=self.sel_caps.may_commit_nothing)
             self.step_forwards.append(fed.calls + self.step_model.calls)
+            self.step_positions.append(float(fed.positions) + self.step_model.processed)
             if self.truncator is not None:
                 new_len = self.truncator.truncate(self.state, self.commit).clamp(max=self.g)
                 self.lengths = torch.minimum(self.lengths, new_len)

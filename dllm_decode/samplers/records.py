@@ -37,4 +37,6 @@ def mask_generation(run: Any) -> Generation:
     return Generation(tokens=canvas, nfe=nfe, forwards=run.forwards, steps=run.step,
                       prompt_length=p, commit_step=commit_at[:, p:].clone(), bits=bits_t,
                       lengths=lengths, refreshed=refreshed_t,
-                      step_forwards=run.step_forwards, edits=edits)
+                      step_forwards=run.step_forwards, edits=edits,
+                      step_positions=run.step_positions,
+                      positions=run.prefill_positions + sum(run.step_positions))

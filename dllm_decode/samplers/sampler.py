@@ -82,9 +82,9 @@ class DiffusionSampler:
             ``None`` or ``"default"``: the model family's default preset with its parameters
             (``policies.defaults.FAMILY_DEFAULTS``: ``low_confidence`` for LLaDA,
             ``gemma_renoise`` for DiffusionGemma, ...).
-        cache: ``"none" | "prefix" | "dual" | "block_causal" | "window" | "sub_block"``
-            (``cache.plans``, ``cache.sub_block``; ``None``: the
-            family default's cache when no policy is given, else the policy's
+        cache: ``"none" | "prefix" | "dual" | "block_causal" | "window" | "sub_block" |
+            "dllm_cache"`` (``cache.plans``, ``cache.sub_block``, ``cache.dllm_cache``;
+            ``None``: the family default's cache when no policy is given, else the policy's
             ``preferred_cache``, else ``"none"``).
         debug: also assert the full commit contract every step (``check_commit``; the cheap
             part, ``samplers.contract``, is enforced on every run).

@@ -103,7 +103,7 @@ def forward_at(run: Any, canvas: Tensor, feed: Feed) -> Fed:
                    store=True, hidden_rows=rows, **rope)
     at = buf.origin + torch.arange(feed.lo, feed.hi, device=device)
     return Fed(logits, at, feed.fed_start, feed.fed_width, refresh=feed.refresh,
-               double_draw=feed.double_draw)
+               double_draw=feed.double_draw, positions=feed.end)
 
 def static_step(run: Any, key: StepKey, host: dict[str, Any]) -> None:
     """The step as a function of the buffers (what a graph captures)."""

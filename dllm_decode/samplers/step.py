@@ -142,8 +142,15 @@ def post_forward(parts: StepParts, fed: Fed, logits: Tensor, rows: Tensor, live:
         prob = torch.where(commit, sel.prob.to(prob.dtype), prob)
     if parts.after_select:
         tokens = maker.resample_committed(logits, rows, commit, tokens)
-    if parts.stopper is not None:
-        stop = parts.stopper.should_stop(state)
+    stop = None if parts.stopper is None else parts.stopper.should_stop(state)
+    if edit is not None and guard.remasks and (ctl["last"] or stop is not None):
+        # re-masks (``Capabilities.remasks``) never on a block's last step nor in a row that
+        # stops: those commit everything left, and the block must end
+        kept = edit & (tokens != ctl["mask_id"])
+        if not ctl["last"]:
+            kept = torch.where(stop[:, None], kept, edit)
+        edit, write = kept, commit | kept
+    if stop is not None:
         greedy = stop[:, None] & masked & fresh
         if full_prop.argmax is not None:  # sampled proposals: stops take the argmax
             tokens = torch.where(greedy & ~commit, full_prop.argmax, tokens)
@@ -211,6 +218,7 @@ class StepModelView:
         self.eos_token_ids = tuple(model.eos_token_ids or ())
         self.block_size = getattr(model, "block_size", None)
         self.calls = 0
+        self.processed = 0  # token positions per row the step's extra forwards ran
         self._plan, self._maker, self._batch = plan, maker, batch
         self._took_part, self._enabled = took_part, enabled
         self._canvas: Tensor | None = None
@@ -220,6 +228,7 @@ class StepModelView:
         """Start a step: its model canvas ``[B', L]`` and the rows ``[B]`` an extra forward
         counts by default; resets ``calls``."""
         self._canvas, self._active, self.calls = canvas, default_active, 0
+        self.processed = 0
         return self
 
     @property
@@ -239,6 +248,7 @@ class StepModelView:
                              "cfg_scale > 0")
         logits = self._plan.extra_forward(self._canvas, tokens, positions, mask)
         self.calls += 1
+        self.processed += self._plan.extra_width(tokens.shape[1])
         self._took_part.append(self._active if active is None else active.bool())
         return logits
 

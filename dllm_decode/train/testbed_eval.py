@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -38,7 +39,10 @@ def held_out_prompts(oracle: WaitingLineOracle, task: str, n: int, seed: int | N
 def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | None = None,
                  tasks: Sequence[str] = TESTBED_TASKS, policy: str = "low_confidence",
                  split: str = "test", **sampler_kwargs: Any) -> dict[str, list[dict[str, Any]]]:
-    """Decode ``n`` held-out prompts per task; per task a list of ``{valid, nfe, text}``.
+    """Decode ``n`` held-out prompts per task; per task a list of ``{valid, nfe, text, steps,
+    positions}`` (``steps``: the decoding steps the row took part in, one after its last
+    commit; ``positions``: the token positions the model ran through during them,
+    ``Generation.step_positions``, the batch's left padding included).
 
     ``seed`` offsets the record generator (``None``: the split's own seed), so other seeds draw
     other held-out prompts. ``sampler_kwargs`` go to ``DiffusionSampler`` (``steps``,
@@ -69,9 +73,13 @@ def decode_tasks(model: Any, oracle: WaitingLineOracle, n: int, *, seed: int | N
         ids, attn = left_pad(prompts, oracle.pad_token_id)  # block models align themselves
         gen = sampler.generate(ids, attn, **even)
         rows = []
-        for rec, answer, nfe in zip(records, gen.answer.tolist(), gen.nfe.tolist(), strict=True):
+        steps = (gen.commit_step.max(1).values + 1).tolist()  # a row runs until its last commit
+        done = [0.0, *itertools.accumulate(gen.step_positions or [])]
+        for rec, answer, nfe, k in zip(records, gen.answer.tolist(), gen.nfe.tolist(), steps,
+                                       strict=True):
             text = oracle.decode(answer)
-            rows.append({"valid": grade(task, rec, text), "nfe": nfe, "text": text})
+            rows.append({"valid": grade(task, rec, text), "nfe": nfe, "text": text, "steps": k,
+                         "positions": done[min(k, len(done) - 1)]})
         out[task] = rows
     return out
 
