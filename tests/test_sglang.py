@@ -43,6 +43,7 @@ from dllm_decode.integrations.sglang import register, unsupported_message  # noq
 from dllm_decode.integrations.sglang.algorithm import DllmDecodeAlgorithm  # noqa: E402
 from dllm_decode.integrations.sglang.spec import ServedModel, serving_spec  # noqa: E402
 from dllm_decode.models.loading import ASSETS  # noqa: E402
+from dllm_decode.policies.capabilities import Capabilities  # noqa: E402
 from dllm_decode.samplers.build import build_sampler  # noqa: E402
 from dllm_decode.text import encode_prompts  # noqa: E402
 from tests.sglang_serving import (  # noqa: E402
@@ -165,6 +166,15 @@ def test_untested_sglang_version_is_refused_with_the_reason(monkeypatch) -> None
 SERVED = ServedModel.from_config(SDAR_CONFIG, MASK, K)
 
 
+class Remasker:
+    """A user rule that declares re-masking (WINO's narrow-out without its extra forward)."""
+
+    capabilities = Capabilities(budgeted=False, edits=True, remasks=True)
+
+    def select(self, state):
+        return state.eligible
+
+
 @pytest.mark.parametrize(("config", "needle"), [
     ({"policy": "thresold"}, "unknown policy 'thresold' (did you mean 'threshold'?)"),
     ({"policy": "eb", "params": {"gama": 0.1}}, "'gama' -> did you mean 'gamma'?"),
@@ -174,6 +184,9 @@ SERVED = ServedModel.from_config(SDAR_CONFIG, MASK, K)
     ({"policy": "threshold", "params": [1]}, "params must be a mapping"),
     ({"policy": "missing_module:Rule"}, "cannot import 'missing_module'"),
     ({"policy": "s2d2"}, "extra model forwards"),
+    ({"policy": "wino"}, "serve its drafting rule alone (policy: wide_in"),
+    ({"policy": "lopa"}, "serve its anchor alone (params: {branches: 0})"),
+    ({"policy": "tests.test_sglang:Remasker"}, "re-masks committed tokens"),
     ({"policy": "window"}, "cache='window'"),
     ({"policy": "gemma_renoise"}, "Gemma4Renoise"),
     ({"policy": "origin"}, "origin"),
@@ -353,6 +366,8 @@ LOOP_CASES = [  # policy, params, stopper, truncator, blocks
     ("frechet", {}, None, None, 4),
     ("dus", {}, None, None, 4),       # reads the block's start (a cut first block)
     ("credit", {}, None, None, 4),    # fuses the logits before the proposal
+    ("wide_in", {"threshold": 0.5}, None, None, 4),
+    ("lopa", {"branches": 0}, None, None, 4),
 ]
 
 

@@ -14,9 +14,9 @@ The YAML names the policy exactly as ``DiffusionSampler`` and ``dllm-decode gene
 ``policies.resolve.resolve_policy``), so unknown names and parameters get the same errors as
 there, made one line, and then refuses, with the reason and what to use instead, what cannot
 run inside SGLang's block loop: policies of uniform-noise models, policies that need extra
-forwards (S2D2's verifier), per-row pruned canvases (``window``), cross-block commits, and the
-``SamplerConfig`` settings that belong to the library's own loop (``gen_length``, cache plans,
-CFG, ...). Nothing here imports SGLang.
+forwards (S2D2's verifier, WINO's verification, LoPA's branches), re-masking, per-row pruned
+canvases (``window``), cross-block commits, and the ``SamplerConfig`` settings that belong to
+the library's own loop (``gen_length``, cache plans, CFG, ...). Nothing here imports SGLang.
 """
 
 from __future__ import annotations
@@ -83,6 +83,13 @@ NOT_SERVED: Final[dict[str, str]] = {
                           "(dllm_prompt_mask); they are never decoded",
     "exact_steps": "SGLang emits a block as soon as a forward has seen it complete",
 }
+
+
+#: what serves in one forward per step instead of a preset that runs extra forwards
+ONE_FORWARD: Final[dict[str, str]] = {
+    "s2d2": "its drafting rule alone (policy: low_confidence_dynamic)",
+    "wino": "its drafting rule alone (policy: wide_in, or params: {verify: false})",
+    "lopa": "its anchor alone (params: {branches: 0})"}
 
 
 class ServedModel(nn.Module):
@@ -218,9 +225,12 @@ def refuse_unservable(caps: PolicyCapabilities, name: str) -> None:
          "it decodes uniform-noise models (DiffusionGemma), which SGLang serves only with its "
          "own algorithm: use --dllm-algorithm Gemma4Renoise"),
         (sel.extra_forwards,
-         "it runs extra model forwards inside a step (S2D2's verifier) and SGLang makes "
-         "exactly one forward per step: serve its drafting rule alone "
-         "(policy: low_confidence_dynamic) or decode with DiffusionSampler"),
+         "it runs extra model forwards inside a step (S2D2's verifier, WINO's verification, "
+         "LoPA's branches) and SGLang makes exactly one forward per step: serve "
+         f"{ONE_FORWARD.get(name, 'its drafting rule alone')} or decode with DiffusionSampler"),
+        (sel.remasks,
+         "it re-masks committed tokens (WINO's narrow-out), which are not written back into "
+         "SGLang's block: serve its drafting rule alone or decode with DiffusionSampler"),
         (sel.draft_causal or sel.causal_prefix,
          "it changes the attention of the forward (S2D2's causal drafting / AR-like prefix), "
          "which SGLang's model runner does not: serve low_confidence_dynamic instead"),
