@@ -23,7 +23,13 @@ next forward) and the full decode is assembled from the measured parts:
 * ``floor_weights``: ``ms_per_step`` over the weight-streaming floor (weight bytes / the
   measured device copy bandwidth, read + write bytes over time); ``floor_compute``: over the
   compute floor (``2 * params * fed tokens`` over the measured bf16 matmul rate);
-* ``capture_s``: seconds spent capturing graphs in the setting (graphs on).
+* ``capture_s``: seconds spent capturing graphs in the setting (graphs on), each capture's
+  self-check included (``samplers.graph_selfcheck``); ``graph_shapes_rejected``: the step
+  shapes whose first replay disagreed with the eager step (they ran eagerly; the reason is
+  printed).
+
+Each setting's rows are appended to ``--out`` as soon as it is measured (a run stopped by a
+time limit keeps what it measured).
 
 Rows use the benchmark schema (``dllm_decode.bench.HEADER``): ``provider`` is ``graphs`` or
 ``eager`` (``static`` on a CPU: the static-buffer step without capture), ``name`` carries the
@@ -182,7 +188,12 @@ def measure(model: Any, cfg: dict[str, Any], graphs: bool, n: int, rates: tuple[
     out["floor_weights"] = (step / (weight_bytes / bw * 1e3),) * 3
     out["floor_compute"] = (step / (2 * n_params * b * fed / flops * 1e3),) * 3
     if graphs and sampler.step_graphs is not None:
-        out["capture_s"] = (sampler.step_graphs.stats.capture_seconds,) * 3
+        stats = sampler.step_graphs.stats
+        out["capture_s"] = (stats.capture_seconds,) * 3
+        # step shapes whose first replay disagreed with the eager step (they ran eagerly)
+        out["graph_shapes_rejected"] = (float(stats.rejected),) * 3
+        if stats.rejected:
+            print(f"  graph self-check: {sampler.graph_reason}", flush=True)
     del sampler
     gc.collect()
     if device.type == "cuda":
@@ -224,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
     dev_name = torch.cuda.get_device_name(device) if cuda else env.device
     print(f"{dev_name}: {shape} x {layers} layers, {weight_bytes / 1e9:.2f} GB of weights; "
           f"copy {rates[0] / 1e12:.2f} TB/s, matmul {rates[1] / 1e12:.0f} TFLOP/s")
-    rows = []
+    rows: list[dict[str, Any]] = []
     t0 = time.perf_counter()
     for cache in args.caches:
         for b in args.batch:
@@ -240,8 +251,9 @@ def main(argv: list[str] | None = None) -> int:
                               f"tokens/step={k} G={g:<5} graphs={mode:<3} "
                               f"{metrics['ms_per_forward'][1]:8.2f} ms/forward "
                               f"{metrics['tokens_per_s'][1]:9.1f} tok/s", flush=True)
+                        setting = []
                         for metric, (p20, p50, p80) in metrics.items():
-                            rows.append(dict(
+                            setting.append(dict(
                                 suite="gpu", name=f"{shape}-{layers}L-k{k}",
                                 provider=("graphs" if cuda else "static") if on else "eager",
                                 policy="low_confidence",
@@ -250,8 +262,9 @@ def main(argv: list[str] | None = None) -> int:
                                 unit=_unit(metric), p20=p20, p50=p50, p80=p80,
                                 device=dev_name, torch=env.torch, triton=env.triton,
                                 commit=env.commit, timestamp=env.timestamp))
-    assert all(set(r) == set(HEADER) for r in rows)
-    write_csv(rows, args.out)
+                        assert all(set(r) == set(HEADER) for r in setting)
+                        write_csv(setting, args.out)  # as measured: a cut run keeps its rows
+                        rows += setting
     print(f"{len(rows)} rows -> {args.out}")
     return 0
 
@@ -259,7 +272,8 @@ def main(argv: list[str] | None = None) -> int:
 def _unit(metric: str) -> str:
     if metric.startswith("ms_") or metric.startswith("gpu_busy"):
         return "ms"
-    return {"tokens_per_s": "tokens/s", "capture_s": "s"}.get(metric, "ratio")
+    return {"tokens_per_s": "tokens/s", "capture_s": "s",
+            "graph_shapes_rejected": "count"}.get(metric, "ratio")
 
 
 if __name__ == "__main__":

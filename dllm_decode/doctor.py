@@ -12,9 +12,14 @@
    model's per-layer and vocabulary costs) in bf16, where the forward is also compared with
    its weight-streaming floor (weight bytes / this device's measured copy bandwidth);
    on a CPU the small shape in fp32 (the 8B shape there takes minutes: ``--shape llada-8b``).
-4. **Row**: with ``--out FILE``, appends one CSV row (facts, kernel verdicts, seconds per
-   cache mode) to it; without, nothing is written (the repository's record is
-   ``--out benchmarks/results/doctor.csv``, passed on purpose).
+4. **Graphs**: per cache mode, the static-buffer step with graphs (``samplers.graph``): three
+   generations, every captured step shape's first replay checked against the eager step
+   (``samplers.graph_selfcheck``), the tokens compared with graphs off. On CUDA with CUDA
+   graphs; on a CPU CUDA graphs are not run, and the same capture / replay / self-check path
+   runs on the CPU stand-in graph (``samplers.graph_backend.StandInGraphs``) instead.
+5. **Row**: with ``--out FILE``, appends one CSV row (facts, kernel verdicts, seconds per
+   cache mode, the graph verdicts) to it; without, nothing is written (the repository's record
+   is ``--out benchmarks/results/doctor.csv``, passed on purpose).
 """
 
 from __future__ import annotations
@@ -23,6 +28,7 @@ import argparse
 import csv
 import datetime as _dt
 import importlib.util
+import logging
 import os
 import subprocess
 import sys
@@ -164,22 +170,29 @@ def weight_bytes(model: Any) -> int:
     return sum(p.numel() * p.element_size() for p in model.parameters())
 
 
+def _prompt(model: Any, device: torch.device, length: int) -> torch.Tensor:
+    """``[1, length]`` seeded random prompt ids (below the mask and EOS ids)."""
+    gen = torch.Generator().manual_seed(1)
+    return torch.randint(0, model.vocab_size - 2, (1, length), generator=gen).to(device)
+
+
 def time_decodes(model: Any, device: torch.device, prompt_length: int, gen_length: int,
                  block_length: int, steps: int,
                  on_mode: Callable[[str, float, int], None] | None = None
                  ) -> dict[str, tuple[float, int]]:
-    """Seconds and NFE of one decode per cache mode (after one warm-up decode each);
-    ``on_mode(cache, seconds, nfe)`` sees each as soon as it is timed (progress)."""
+    """Seconds and NFE of one decode per cache mode (after warm-up decodes: one, and on
+    CUDA two, since a step shape seen once per decode is captured as a CUDA graph in the
+    second; a timed decode then only replays); ``on_mode(cache, seconds, nfe)`` sees each as
+    soon as it is timed (progress)."""
     from dllm_decode.samplers.sampler import DiffusionSampler
 
-    gen = torch.Generator().manual_seed(1)
-    prompt = torch.randint(0, model.vocab_size - 2, (1, prompt_length), generator=gen)
-    prompt = prompt.to(device)
+    prompt = _prompt(model, device, prompt_length)
     out = {}
     for cache in CACHE_MODES:
         sampler = DiffusionSampler(model, "low_confidence", cache=cache, gen_length=gen_length,
                                    block_length=block_length, steps=steps)
-        sampler.generate(prompt)
+        for _ in range(2 if device.type == "cuda" else 1):
+            sampler.generate(prompt)
         _sync(device)
         start = time.perf_counter()
         result = sampler.generate(prompt)
@@ -187,6 +200,56 @@ def time_decodes(model: Any, device: torch.device, prompt_length: int, gen_lengt
         out[cache] = (time.perf_counter() - start, int(result.nfe[0]))
         if on_mode is not None:
             on_mode(cache, *out[cache])
+    return out
+
+
+def _graph_backend(device: torch.device) -> Any:
+    """What captures the graphs ``graph_check`` runs: CUDA graphs on CUDA, else the stand-in."""
+    from dllm_decode.samplers.graph_backend import CudaGraphs, StandInGraphs
+
+    return CudaGraphs() if device.type == "cuda" else StandInGraphs()
+
+
+def graph_check(model: Any, device: torch.device, prompt_length: int, gen_length: int,
+                block_length: int, steps: int,
+                on_mode: Callable[[str, str, str], None] | None = None) -> dict[str, str]:
+    """Per cache mode: ``ok`` (every captured step shape passed its self-check and the tokens
+    of three generations with graphs equal those without), ``FAIL``, or ``eager`` (the mode
+    runs without graphs); ``on_mode(cache, verdict, detail)`` sees each as it is known."""
+    from dllm_decode.samplers.graph import StepGraphs
+    from dllm_decode.samplers.sampler import DiffusionSampler
+
+    prompt = _prompt(model, device, prompt_length)
+    out = {}
+    log = logging.getLogger("dllm_decode.graph")
+    level = log.level
+    log.setLevel(logging.ERROR)  # each reason is reported here, once per mode
+    try:
+        for cache in CACHE_MODES:
+            kw = dict(cache=cache, gen_length=gen_length, block_length=block_length, steps=steps)
+            ref = DiffusionSampler(model, "low_confidence", graphs=False, **kw).generate(prompt)
+            sampler = DiffusionSampler(model, "low_confidence", graphs=True, **kw)
+            sampler.step_graphs = StepGraphs(capture=True, backend=_graph_backend(device))
+            same, reasons = True, set()
+            for _ in range(3):  # a shape seen once per generation: captured in the 2nd, replayed
+                same &= torch.equal(sampler.generate(prompt).tokens, ref.tokens)
+                reasons.add(sampler.graph_reason)
+            stats = sampler.step_graphs.stats
+            reasons.discard(None)
+            if stats.captures == 0 and reasons:
+                verdict, detail = "eager", f"runs without graphs: {reasons.pop()}"
+            else:
+                verdict = "ok" if same and stats.rejected == 0 and stats.captures else "FAIL"
+                detail = (f"{stats.captures} step shapes captured, "
+                          f"{stats.checked - stats.rejected} passed the self-check, "
+                          f"{stats.rejected} failed; {stats.replays} replays; tokens equal "
+                          f"to graphs off: {'yes' if same else 'NO'}")
+                detail += "".join(f"\n      {why}" for why in sorted(reasons))
+            out[cache] = verdict
+            if on_mode is not None:
+                on_mode(cache, verdict, detail)
+    finally:
+        log.setLevel(level)
     return out
 
 
@@ -200,9 +263,22 @@ def _commit() -> str:
 
 
 def append_row(path: Path, row: dict[str, Any]) -> None:
-    """Append ``row`` to the CSV at ``path`` (header written when the file is new)."""
+    """Append ``row`` to the CSV at ``path`` (header written when the file is new; a row with
+    columns the header lacks rewrites the file under the widened header, the earlier rows
+    empty in the new columns)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     new = not path.is_file() or path.stat().st_size == 0
+    if not new:
+        with path.open(newline="") as f:
+            reader = csv.DictReader(f)
+            header, rows = list(reader.fieldnames or []), list(reader)
+        if set(row) - set(header):
+            fields = header + [k for k in row if k not in header]
+            with path.open("w", newline="") as f:
+                writer = csv.DictWriter(f, fieldnames=fields, restval="")
+                writer.writeheader()
+                writer.writerows(rows)
+        row = {k: row.get(k, "") for k in (header + [k for k in row if k not in header])}
     with path.open("a", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(row))
         if new:
@@ -211,7 +287,8 @@ def append_row(path: Path, row: dict[str, Any]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    """The ``doctor`` subcommand; returns 1 when a kernel fails its check."""
+    """The ``doctor`` subcommand; returns 1 when a kernel fails its check or a cache mode's
+    graphs fail theirs."""
     from dllm_decode.models.placement import parse_dtype, resolve_device
 
     device = resolve_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -245,6 +322,17 @@ def run(args: argparse.Namespace) -> int:
 
     timings = time_decodes(model, device, args.prompt_length, args.gen_length,
                            args.block_length, args.steps, on_mode=report_mode)
+    backend = _graph_backend(device)
+    if device.type == "cuda":
+        say("== CUDA graph self-check per cache mode (each step shape's first replay vs the "
+            "eager step; tokens vs graphs off)")
+    else:
+        say(f"== CUDA graph self-check: not run (no CUDA device; graphs are captured on CUDA "
+            f"only). The same capture / replay / self-check on the CPU {backend.name} graph "
+            f"(recorded ops replayed), per cache mode:")
+    graphs = graph_check(model, device, args.prompt_length, args.gen_length, args.block_length,
+                         args.steps, on_mode=lambda cache, verdict, detail: say(
+                             f"  cache={cache:<7} {verdict:<6} {detail}"))
     row: dict[str, Any] = {
         "timestamp": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
         "commit": _commit(), **{k: info.get(k, "") for k in
@@ -256,13 +344,15 @@ def run(args: argparse.Namespace) -> int:
         "kernels_skipped": sum(r["status"] == "skipped" for r in report),
         **{f"s_{cache}": f"{seconds:.4f}" for cache, (seconds, _) in timings.items()},
         "nfe": timings["none"][1],
+        "graphs": f"{backend.name}:" + ",".join(f"{c}={v}" for c, v in graphs.items()),
     }
     if args.out:
         append_row(Path(args.out), row)
         say(f"== row appended to {args.out}")
     else:
         say("== no row written (pass --out FILE.csv to append one)")
-    return 1 if any(r["status"] == "FAIL" for r in report) else 0
+    failed = any(r["status"] == "FAIL" for r in report) or "FAIL" in graphs.values()
+    return 1 if failed else 0
 
 
 def add_doctor_subcommand(sub: Any) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from hypothesis import settings
@@ -13,6 +15,14 @@ from hypothesis import settings
 settings.register_profile("deterministic", derandomize=True, database=None)
 settings.register_profile("explore", derandomize=False, database=None)
 settings.load_profile("deterministic")
+
+# Triton picks interpreted or compiled kernels (its own @jit helpers included) when it is first
+# imported, and any model build can import it (torch's meta-device init imports torch._dynamo,
+# which imports triton). Without a GPU the interpreter is chosen here, before any test runs, as
+# tests/kernels/conftest.py does: a subset of the suite (one without tests/kernels) then sees
+# the same Triton as the whole suite (doctor's kernel checks failed after a load_model before).
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
 
 
 @pytest.fixture(scope="module")

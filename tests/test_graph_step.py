@@ -22,6 +22,7 @@ from dllm_decode.policies.base import topk_mask
 from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.samplers import graph_support
 from dllm_decode.samplers.graph import StepGraphs
+from dllm_decode.samplers.graph_backend import StandInGraphs
 from dllm_decode.samplers.graph_check import ReplayMismatch
 from tests.conformance import (
     CONFORMANCE,
@@ -304,87 +305,26 @@ def test_bench_gpu_smoke_and_refusal(tmp_path: Any) -> None:
         assert bench.main(["--out", str(out)]) == 2
 
 
-class _FakeGraph:
-    """A CPU stand-in for ``torch.cuda.CUDAGraph`` with a graph's semantics: capture records
-    the aten ops with their very tensors (and leaves the buffers as they were: a capture runs
-    nothing); ``replay`` runs those ops again on the same tensors, with no Python."""
-
-    def __init__(self) -> None:
-        self.ops: list[tuple[Any, Any, Any, Any]] = []
-
-    def replay(self) -> None:
-        from torch.utils._pytree import tree_leaves
-
-        for func, args, kwargs, out in self.ops:
-            new = func(*args, **kwargs)
-            inputs = {t.untyped_storage().data_ptr() for t in tree_leaves((args, kwargs))
-                      if isinstance(t, torch.Tensor)}
-            for old, now in zip(tree_leaves(out), tree_leaves(new), strict=True):
-                if isinstance(old, torch.Tensor) and \
-                        old.untyped_storage().data_ptr() not in inputs:  # not a view/in place
-                    old.copy_(now)
-
-
-def _fake_capture(buffers: Any) -> Any:
-    """``torch.cuda.graph(graph, pool=...)`` for ``_FakeGraph``: records, then restores the
-    static ``buffers()`` (the capture's eager run must leave no trace, as on a GPU)."""
-    import contextlib
-
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class Record(TorchDispatchMode):
-        def __init__(self, graph: _FakeGraph) -> None:
-            super().__init__()
-            self.graph = graph
-
-        def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
-                               kwargs: Any = None) -> Any:
-            out = func(*args, **(kwargs or {}))
-            self.graph.ops.append((func, args, kwargs or {}, out))
-            return out
-
-    @contextlib.contextmanager
-    def graph(g: _FakeGraph, pool: Any = None, stream: Any = None) -> Any:
-        snap = [(t, t.clone()) for t in buffers()]
-        with Record(g):
-            yield
-        for t, before in snap:
-            t.copy_(before)
-
-    return graph
-
-
 @pytest.mark.parametrize("preset, cache", [("low_confidence", "dual"), ("sched", "none"),
                                            ("threshold", "prefix")])
-def test_capture_and_replay_logic_on_cpu(monkeypatch: pytest.MonkeyPatch, preset: str,
-                                         cache: str) -> None:
-    """The CUDA path of ``samplers.graph`` (warm-up run, capture, replay, the host-side
-    restore of the contract's view, carried memory) on the CPU with a stand-in graph that
-    replays recorded ops without Python: three generations equal the eager loop's."""
+def test_capture_and_replay_logic_on_cpu(preset: str, cache: str) -> None:
+    """The CUDA path of ``samplers.graph`` (warm-up run, capture, self-checked first replay,
+    replay, the host-side restore of the contract's view, carried memory) on the CPU with a
+    stand-in graph that replays recorded ops without Python (``graph_backend``): three
+    generations equal the eager loop's."""
     model = _model("tiny-llada")
     kw = dict(gen_length=16, block_length=8, **PRESETS[preset])
     s = DiffusionSampler(model, preset, cache, graphs=True, **kw)
-    s.step_graphs = StepGraphs(capture=True)
-
-    def buffers() -> list[torch.Tensor]:
-        out = []
-        for buf in s.step_graphs._sets.values():
-            out += [buf.canvas, buf.commit_at, buf.commit_prob, buf.active,
-                    *buf.statics.values()]
-            if buf.cache is not None:
-                out += [buf.cache.k, buf.cache.v]
-        return out
-
-    monkeypatch.setattr(torch.cuda, "CUDAGraph", _FakeGraph)
-    monkeypatch.setattr(torch.cuda, "graph", _fake_capture(buffers))
-    monkeypatch.setattr(torch.cuda, "graph_pool_handle", lambda: None)
+    s.step_graphs = StepGraphs(capture=True, backend=StandInGraphs())
     gen = torch.Generator().manual_seed(5)
     for _ in range(3):
         prompt = torch.randint(3, 1000, (2, 9), generator=gen)
         ref = DiffusionSampler(model, preset, cache, graphs=False, **kw).generate(prompt)
         _same(ref, s.generate(prompt))
+        assert s.graph_reason is None
     stats = s.step_graphs.stats
     assert stats.captures > 0 and stats.replays > stats.captures
+    assert stats.checked == stats.captures and stats.rejected == 0
 
 
 # ---- CUDA: real graphs ----------------------------------------------------------------------

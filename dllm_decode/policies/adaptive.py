@@ -149,8 +149,9 @@ class Factor:
         length = score.shape[-1]
         ranks = rank_desc(score, eligible)
         n = torch.arange(1, length + 1, device=score.device, dtype=torch.float64)
-        thresh = (1.0 - self.factor / (n + 1.0)).to(score.dtype)
-        thresh[0] = -1.0
+        # rank 1 always passes (a select: ``thresh[0] = -1`` reads as a host constant made
+        # in the step to the CPU replay check, ``samplers.graph_check``)
+        thresh = torch.where(n > 1.0, 1.0 - self.factor / (n + 1.0), -1.0).to(score.dtype)
         sorted_score = torch.full_like(score, -torch.inf)
         sorted_score.scatter_(-1, ranks.clamp(max=length - 1),
                               torch.where(eligible, score, torch.full_like(score, -torch.inf)))

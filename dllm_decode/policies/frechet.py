@@ -55,8 +55,9 @@ def frechet_gaps(sorted_conf: Tensor) -> Tensor:
     n_minus_1 = torch.arange(sorted_conf.shape[-1], device=sorted_conf.device,
                              dtype=sorted_conf.dtype)
     gap = (torch.cumsum(sorted_conf, -1) - n_minus_1) - (1.0 - sorted_conf)
-    gap[..., 0] = torch.inf
-    return gap
+    # rank 1 by a select: ``gap[..., 0] = inf`` reads as a host constant made in the step to
+    # the CPU replay check of a captured step (``samplers.graph_check``)
+    return torch.where(n_minus_1 > 0, gap, torch.inf)
 
 
 @dataclass(frozen=True)

@@ -57,7 +57,8 @@ def graph_run(sampler: Any, plan: ForwardPlan, parts: StepParts, memory: Any, ca
               total_steps: int) -> GraphRun | None:
     """A generation's static-buffer step for ``sampler`` (a ``DiffusionSampler``: its
     ``graphs`` setting, ``step_graphs`` and ``graph_reason`` are read and set here), or
-    ``None`` (the eager loop; the reason logged and kept in ``graph_reason``)."""
+    ``None`` (the eager loop; the reason logged and kept in ``graph_reason``, as is the
+    reason of a step shape that failed its self-check, ``samplers.graph_selfcheck``)."""
     sampler.graph_reason = None
     if not wanted(sampler.graphs, canvas.device):
         return None
@@ -70,10 +71,16 @@ def graph_run(sampler: Any, plan: ForwardPlan, parts: StepParts, memory: Any, ca
     if sampler.step_graphs is None or sampler.step_graphs.device not in (None, kind):
         sampler.step_graphs = StepGraphs(capture=kind == "cuda")  # (one per device type)
     setting = repr((dataclasses.replace(cfg, seed=None), bound))
-    return sampler.step_graphs.begin(model=sampler.model, plan=plan, parts=parts,
-                                     memory=memory, canvas=canvas, gen_start=p,
-                                     gen_length=cfg.gen_length, total_steps=total_steps,
-                                     setting=setting)
+    run = sampler.step_graphs.begin(model=sampler.model, plan=plan, parts=parts,
+                                    memory=memory, canvas=canvas, gen_start=p,
+                                    gen_length=cfg.gen_length, total_steps=total_steps,
+                                    setting=setting)
+
+    def on_reject(why: str) -> None:  # a step shape failed its self-check: eager from now on
+        sampler.graph_reason = why
+
+    run.on_reject = on_reject
+    return run
 
 
 __all__ = ["StepGraphs", "graph_run"]

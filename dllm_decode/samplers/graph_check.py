@@ -13,7 +13,13 @@ the same memory, with the same scalars. ``ReplayCheck`` records every aten op of
   same memory (storage, offset, shape, strides); any other outside tensor is a constant the
   graph keeps alive, so its content must equal what the first run read;
 * writes go only to tensors made inside the step or to the static buffers;
-* no host sync (``aten::_local_scalar_dense``: ``.item()``, ``bool(tensor)``, ...).
+* no host sync (``aten::_local_scalar_dense``: ``.item()``, ``bool(tensor)``, ...), and none
+  of what syncs or cannot be captured on CUDA although it does not on a CPU (``cuda_problem``):
+  ops whose output shape depends on the data (``nonzero``, indexing by a boolean mask,
+  ``unique``, ...), random draws (a generator a graph would replay with the captured offsets),
+  tensors made from host data (``torch.tensor``: a host-to-device copy; a CPU cannot tell it
+  from a Python number written by index, so the step writes none) and copies between host
+  and device.
 
 No GPU is needed: the tests run every CPU static-buffer decode under this check, so a step
 that the CPU proves token-identical is also one whose capture would replay correctly.
@@ -21,12 +27,55 @@ that the CPU proves token-identical is also one whose capture would replay corre
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Final
 
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
+
+#: ops whose output shape depends on tensor values: CUDA syncs to size the output
+#: (``repeat_interleave`` only without ``output_size``)
+DATA_SHAPED: Final = frozenset({
+    "nonzero", "argwhere", "masked_select", "unique", "_unique", "_unique2", "unique_dim",
+    "unique_consecutive", "bincount", "histc", "repeat_interleave", "equal", "is_nonzero",
+    "allclose", "item", "_local_scalar_dense"})
+#: ops that draw random numbers
+RANDOM: Final = frozenset({
+    "uniform", "uniform_", "normal", "normal_", "bernoulli", "bernoulli_", "exponential_",
+    "geometric_", "cauchy_", "log_normal_", "random_", "rand", "rand_like", "randn",
+    "randn_like", "randint", "randint_like", "randperm", "multinomial", "poisson",
+    "native_dropout"})
+
+
+def cuda_problem(func: Any, args: Any, kwargs: dict[str, Any]) -> str | None:
+    """Why the op ``func(*args, **kwargs)`` could not be in a captured CUDA step although it
+    runs on a CPU (``None``: it can): a host sync, a random draw, or a host-to-device copy."""
+    base = func.overloadpacket.__name__
+    name = str(func)
+    if base in DATA_SHAPED and not (base == "repeat_interleave"
+                                    and kwargs.get("output_size") is not None):
+        return f"{name} syncs with the host (its result's shape or value is read there)"
+    if base in ("index", "index_put", "index_put_", "_index_put_impl_"):
+        indices = args[1] if len(args) > 1 else kwargs.get("indices", ())
+        if any(isinstance(i, Tensor) and i.dtype in (torch.bool, torch.uint8)
+               for i in indices or ()):
+            return f"{name} with a boolean mask index syncs with the host (a nonzero)"
+    if base in RANDOM:
+        return f"{name} draws random numbers inside the step"
+    if base == "lift_fresh" and args and isinstance(args[0], Tensor) and \
+            args[0].device.type == "cpu":
+        return (f"{name}: a tensor made from host data inside the step (torch.tensor: a "
+                f"host-to-device copy on CUDA; on a CPU a Python number written by index "
+                f"shows the same way)")
+    if base in ("copy_", "_to_copy"):
+        tensors = [a for a in tree_leaves((args, kwargs)) if isinstance(a, Tensor)]
+        target = kwargs.get("device")
+        devices = {t.device.type for t in tensors} | ({torch.device(target).type}
+                                                      if target is not None else set())
+        if "cpu" in devices and len(devices) > 1:
+            return f"{name} copies between the host and the device inside the step"
+    return None
 
 
 class ReplayMismatch(AssertionError):
@@ -64,6 +113,10 @@ class Recorder(TorchDispatchMode):
         name = str(func)
         if "_local_scalar_dense" in name:
             self.problems.append(f"host sync ({name}) inside the step")
+        else:
+            problem = cuda_problem(func, args, kwargs)
+            if problem is not None:
+                self.problems.append(problem)
         sig: list[Any] = []
         fresh = "lift_fresh" in name  # a constant made in the step (``torch.tensor(x)``)
         for a in tree_leaves((args, kwargs)):

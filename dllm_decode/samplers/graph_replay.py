@@ -5,10 +5,12 @@ generation's steps on one of them.
 Per step, the host computes the fed span (``ForwardPlan.feed``) and the ``StepKey``, writes
 the step's host values into buffers, and dispatches: a CUDA graph captured for the key is
 replayed (the contract's host-side view restored from the capture), a key seen once is
-captured (its first run was the warm-up), anything else runs ``static_step`` eagerly on the
-buffers (the CPU path, ``graph_check.ReplayCheck`` when asked, or a shape whose capture
-failed). Tensors the policy memory and the contract carry from step to step are bound to
-static buffers (``bind_state`` / ``carry``).
+captured (its first run was the warm-up) and its first replay checked against the eager step
+(``graph_selfcheck``), anything else runs ``static_step`` eagerly on the buffers (the CPU
+path, ``graph_check.ReplayCheck`` when asked, a shape whose capture failed or whose first
+replay disagreed). What captures and replays is the owner's ``graph_backend``. Tensors the
+policy memory and the contract carry from step to step are bound to static buffers
+(``bind_state`` / ``carry``).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import dataclasses
 import logging
 import time
 import types
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -26,6 +28,8 @@ import torch
 from torch import Tensor
 
 from dllm_decode.cache.plans import ForwardPlan
+from dllm_decode.samplers import graph_selfcheck
+from dllm_decode.samplers.graph_backend import CudaGraphs
 from dllm_decode.samplers.graph_check import Recorder, ReplayCheck
 from dllm_decode.samplers.static_step import (
     Buffers,
@@ -51,6 +55,8 @@ class GraphStats:
     captures: int = 0
     replays: int = 0
     capture_seconds: float = 0.0
+    checked: int = 0  # first replays compared with the eager step (``graph_selfcheck``)
+    rejected: int = 0  # ... that disagreed (their shapes run eagerly)
 
 
 class StepGraphs:
@@ -63,11 +69,14 @@ class StepGraphs:
             capture (``samplers.graph_check``; slow, for tests).
         compile_backend: with ``capture=False``, run the step through
             ``torch.compile(fullgraph=True, backend=...)`` (one graph per key, no break).
+        backend: what captures and replays (``graph_backend``): CUDA graphs by default, the
+            CPU stand-in for tests and ``doctor``.
     """
 
     def __init__(self, capture: bool, check: bool = False,
-                 compile_backend: str | None = None) -> None:
+                 compile_backend: str | None = None, backend: Any = None) -> None:
         self.capture = capture
+        self.backend = backend if backend is not None else CudaGraphs()
         #: CPU only: run the step through ``torch.compile(fullgraph=True)`` with this backend
         self.compiled = None
         if compile_backend is not None and not capture:
@@ -120,7 +129,7 @@ class StepGraphs:
                 key_end=torch.zeros((), dtype=torch.long, device=device),
                 valid=plan.valid.clone(), positions=plan.positions.clone(), cache=plan.cache)
             if self.capture:
-                buf.pool = torch.cuda.graph_pool_handle()
+                buf.pool = self.backend.pool()
                 # warm-ups run on the capture's stream (torch.cuda.graph's recipe: per-stream
                 # lazy initialisation, e.g. cuBLAS workspaces, happens before the capture)
                 buf.stream = torch.cuda.Stream(device) if device.type == "cuda" else None
@@ -163,6 +172,10 @@ class GraphRun:
         self._slots = [(parts.guard, "_track", "guard._track")]
         self._slots += tensor_slots(memory, "memory")
         self._seen: set[StepKey] = set()  # keys run in this generation
+        #: the step's logits are appended here when a list (``graph_selfcheck``)
+        self.watch: list[Tensor] | None = None
+        #: told why a step shape failed its self-check (``graph_run``: the sampler's reason)
+        self.on_reject: Callable[[str], None] | None = None
 
     def _static_storages(self) -> set[int]:
         """Storage addresses a replay may read and write: the buffers and the weights."""
@@ -289,19 +302,23 @@ class GraphRun:
             owner.compiled(self, key, host)
             owner.stats.eager += 1
             return
-        if not owner.capture or buf.broken or key not in buf.seen:
+        if key in buf.rejected and self.on_reject is not None:  # failed its self-check
+            self.on_reject(buf.rejected[key])
+        if not owner.capture or buf.broken or key in buf.rejected or key not in buf.seen:
             buf.seen.add(key)  # the first run of a key is the warm-up of its capture
             with _on_stream(None if buf.broken else buf.stream):
                 static_step(self, key, host)
             owner.stats.eager += 1
             return
         t0 = time.perf_counter()
+        self.watch = []  # the capture's logits tensor, for the self-check
         try:
             graph = self._capture(key, host)
         except Exception as err:  # noqa: BLE001 - any capture failure falls back to eager
             buf.broken = f"{type(err).__name__}: {err}"
             logger.warning("CUDA graph capture failed, this shape runs eagerly from now on: %s",
                            buf.broken)
+            self.watch = None
             self.plan._memo = {}
             self.bind_state()
             static_step(self, key, host)
@@ -309,20 +326,25 @@ class GraphRun:
             return
         owner.stats.capture_seconds += time.perf_counter() - t0
         owner.stats.captures += 1
-        buf.graphs[key] = graph
-        graph.graph.replay()
-        self._restore(graph, step)
+        # the first replay, against the eager step (whose result the buffers keep)
+        why = graph_selfcheck.first_replay(self, graph, key, host, step)
+        owner.stats.checked += 1
+        if why is None:
+            buf.graphs[key] = graph
+        else:
+            graph_selfcheck.reject(self, key, why)
 
     def _capture(self, key: StepKey, host: dict[str, Any]) -> _Graph:
         plan = self.plan
         # tensors the plan memoised outside a capture would be constants of the graph (the
         # RoPE tables and masks of the previous generation's positions): rebuilt inside it
         plan._memo = {}
-        graph = torch.cuda.CUDAGraph()
+        backend = self.owner.backend
+        graph = backend.new_graph()
         # the recorder lists the outside tensors the graph reads (kept alive with it) and
         # refuses host syncs and writes outside the buffers (``graph_check``)
         rec = Recorder(self._static_storages())
-        with torch.cuda.graph(graph, pool=self.buf.pool, stream=self.buf.stream), rec:
+        with backend.capture(graph, self.buf.pool, self.buf.stream), rec:
             static_step(self, key, host)
         if rec.problems:
             raise _Unsupported(rec.problems[0])

@@ -67,6 +67,9 @@ def unsupported(*, plan: ForwardPlan, cfg: Any, caps: Any, parts: tuple[Any, Any
     reasons = [
         (compile, "compile=True captures the step with torch.compile instead"),
         (on_step is not None, "an on_step callback reads every step on the host"),
+        (len(model_devices(plan.model)) > 1,
+         "the model is spread over several devices (device_map): a CUDA graph captures the "
+         "work of one device's stream"),
         (debug, "debug=True checks every commit on the host"),
         (cfg.cfg_scale > 0, "classifier-free guidance is not wired into the static step"),
         (plan.mode is CacheMode.SUB_BLOCK,
@@ -96,6 +99,13 @@ def unsupported(*, plan: ForwardPlan, cfg: Any, caps: Any, parts: tuple[Any, Any
             return (f"{type(part).__name__} is not declared graph-safe "
                     "(samplers.graph_support.GRAPH_SAFE)")
     return None
+
+
+def model_devices(model: Any) -> set[torch.device]:
+    """The devices of ``model``'s parameters (several under ``load_model(device_map=...)``;
+    none for a ``DiffusionLM`` that is no ``nn.Module``)."""
+    parameters = getattr(model, "parameters", None)
+    return set() if parameters is None else {p.device for p in parameters()}
 
 
 def runs_eagerly(sampler: Any, cfg: Any, why: str) -> None:

@@ -68,6 +68,8 @@ class Buffers:
     statics: dict[str, Tensor] = field(default_factory=dict)
     graphs: dict[StepKey, Any] = field(default_factory=dict)  # samplers.graph_replay._Graph
     seen: set[StepKey] = field(default_factory=set)
+    #: shapes whose first replay failed its self-check, and why (``samplers.graph_selfcheck``)
+    rejected: dict[StepKey, str] = field(default_factory=dict)
     pool: Any = None
     stream: Any = None  # CUDA: the stream warm-ups and captures run on
     broken: str | None = None
@@ -118,6 +120,8 @@ def static_step(run: Any, key: StepKey, host: dict[str, Any]) -> None:
         pos = pos - buf.origin
     else:
         fed = run.plan.run(canvas, feed)
+    if run.watch is not None:  # the self-check reads the step's logits
+        run.watch.append(fed.logits)
     in_span = (pos >= feed.lo) & (pos < feed.hi)
     fresh = in_span[None].expand(b, -1)
     bs, be = key.bounds
