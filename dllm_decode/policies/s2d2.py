@@ -7,7 +7,9 @@
   Self-Speculation", arXiv 2603.25702, ``phymhan/S2D2``): whether verifying the first masked
   span pays off. A router has ``decide(ctx: RouteContext, memory) -> [B] bool`` and optionally
   ``init_memory(batch, device)`` (per-generation, per-row state: hysteresis, bandit) and
-  ``update(ctx, memory, verified, committed)`` (the bandit's reward).
+  ``update(ctx, memory, verified, committed)`` (the bandit's reward). The routers' acceptance
+  guess ``K̂`` (``expected_accepted`` over an ``AcceptanceEstimator``'s per-position ``alpha``)
+  is computed here too.
 * the ``s2d2`` preset: the self-speculative selector of ``dllm_decode.policies.speculative``
   (``speculative.s2d2``, built from flat parameters) over these routers and fallbacks.
 
@@ -20,6 +22,7 @@ The S2D2 selector's own list is in ``dllm_decode.policies.speculative``.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -117,6 +120,63 @@ class RouteContext:
         """``static``: ``K̂ - c``; ``dynamic``: ``K̂ - c * N_hi``; ``-inf`` without a span."""
         s = self.expected - (c if kind == "static" else c * self.n_high)
         return torch.where(self.span_len > 0, s, -torch.inf)
+
+
+def expected_accepted(alpha: Tensor, span: Tensor) -> Tensor:
+    """``K̂ = sum_k prod_{j <= k} alpha_j`` over each row's span (``[B, S]`` -> ``[B]``):
+    the expected accepted prefix if acceptances were independent with probabilities alpha."""
+    before = (span.long().cumsum(1) == 0)  # positions left of the span do not stop the product
+    factors = torch.where(span, alpha.clamp(0.0, 1.0), before.to(alpha.dtype))
+    return (torch.cumprod(factors, dim=1) * span).sum(1)
+
+
+ESTIMATORS = ("soft_entropy_negexp", "hard_margin_threshold", "hard_entropy_threshold",
+              "soft_confidence_power", "soft_clipped_linear_margin", "soft_renyi_2_entropy")
+
+
+@dataclass(frozen=True)
+class AcceptanceEstimator:
+    """Per-position acceptance guess ``alpha`` from the draft distribution (paper §routing).
+
+    ``soft_entropy_negexp``: ``exp(-beta * H / log V)``; ``hard_margin_threshold``:
+    ``p1 - p2 > margin``; ``hard_entropy_threshold``: ``H / log V < entropy_threshold``;
+    ``soft_confidence_power``: ``conf ** power``; ``soft_clipped_linear_margin``:
+    ``clip(coef * (p1 - p2), 0, 1)``; ``soft_renyi_2_entropy``: ``sum p^2``.
+    """
+
+    kind: str = "soft_entropy_negexp"
+    beta: float = 1.0
+    margin: float = 0.05
+    entropy_threshold: float = 0.5
+    power: float = 1.0
+    coef: float = 1.0
+
+    def __post_init__(self) -> None:
+        if self.kind not in ESTIMATORS:
+            raise ValueError(f"estimator must be one of {list(ESTIMATORS)}, got {self.kind!r}")
+
+    def __call__(self, p: Tensor, conf: Tensor) -> Tensor:
+        """``p [B, S, V]`` draft distribution, ``conf [B, S]`` prob of the draft -> ``[B, S]``."""
+        kind = self.kind
+        if kind == "soft_confidence_power":
+            return conf.clamp(0.0, 1.0) ** self.power
+        if kind == "soft_renyi_2_entropy":
+            return (p * p).sum(-1).clamp(0.0, 1.0)
+        if kind in ("hard_margin_threshold", "soft_clipped_linear_margin"):
+            top2 = p.topk(2, dim=-1).values
+            margin = top2[..., 0] - top2[..., 1]
+            if kind == "hard_margin_threshold":
+                return (margin > self.margin).to(p.dtype)
+            return (self.coef * margin).clamp(0.0, 1.0)
+        h = normalised_entropy(p)
+        if kind == "hard_entropy_threshold":
+            return (h < self.entropy_threshold).to(p.dtype)
+        return torch.exp(-self.beta * h)
+
+
+def normalised_entropy(p: Tensor) -> Tensor:
+    """``H(p) / log V`` in ``[0, 1]`` (``[..., V]`` -> ``[...]``)."""
+    return -(p * p.clamp_min(1e-12).log()).sum(-1) / math.log(p.shape[-1])
 
 
 def _check_kind(kind: str) -> None:

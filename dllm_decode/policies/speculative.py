@@ -13,7 +13,8 @@ decides whether verifying pays off; if so the "2L" forward yields the AR conditi
 
 The routers (``never``, ``always``, ``mask_span_length``, ``score_threshold``,
 ``score_hysteresis``, ``contextual_bandit_ucb``) are policy objects with per-generation memory;
-they live in ``dllm_decode.policies.s2d2`` with SDAR's base rules and are re-exported here.
+they live in ``dllm_decode.policies.s2d2`` with SDAR's base rules and the acceptance
+estimators that feed them, and are re-exported here.
 ``s2d2`` below builds the selector from flat parameters (the ``s2d2`` preset).
 
 Shapes: ``B`` batch, ``S`` positions of the current (absolute-aligned) block, ``V`` vocabulary.
@@ -36,7 +37,6 @@ Deviations from the paper / released code (``phymhan/S2D2`` ``SDAR/generate_ssd_
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 from typing import Any, NamedTuple
 
@@ -45,8 +45,10 @@ from torch import Tensor
 
 from dllm_decode.policies.base import init_memory_of
 from dllm_decode.policies.capabilities import Capabilities, capabilities_of
-from dllm_decode.policies.s2d2 import (  # noqa: F401  (routers re-exported here)
+from dllm_decode.policies.s2d2 import (  # noqa: F401  (routers, estimators re-exported here)
+    ESTIMATORS,
     FALLBACKS,
+    AcceptanceEstimator,
     Always,
     BanditMemory,
     ContextualBanditUCB,
@@ -56,6 +58,8 @@ from dllm_decode.policies.s2d2 import (  # noqa: F401  (routers re-exported here
     RouteContext,
     ScoreHysteresis,
     ScoreThreshold,
+    expected_accepted,
+    normalised_entropy,
 )
 from dllm_decode.types import Selection, StepModel, StepState
 
@@ -155,63 +159,6 @@ def speculative_accept(draft: Tensor, p: Tensor, q: Tensor, span: Tensor, u: Ten
         race = weight / torch.empty_like(weight).exponential_(1, generator=generator)
         tokens = torch.where(at_rej, race.argmax(-1)[:, None], draft)
     return Accepted(accept | at_rej, tokens, at_rej, accept.sum(1))
-
-
-def expected_accepted(alpha: Tensor, span: Tensor) -> Tensor:
-    """``K̂ = sum_k prod_{j <= k} alpha_j`` over each row's span (``[B, S]`` -> ``[B]``):
-    the expected accepted prefix if acceptances were independent with probabilities alpha."""
-    before = (span.long().cumsum(1) == 0)  # positions left of the span do not stop the product
-    factors = torch.where(span, alpha.clamp(0.0, 1.0), before.to(alpha.dtype))
-    return (torch.cumprod(factors, dim=1) * span).sum(1)
-
-
-ESTIMATORS = ("soft_entropy_negexp", "hard_margin_threshold", "hard_entropy_threshold",
-              "soft_confidence_power", "soft_clipped_linear_margin", "soft_renyi_2_entropy")
-
-
-@dataclass(frozen=True)
-class AcceptanceEstimator:
-    """Per-position acceptance guess ``alpha`` from the draft distribution (paper §routing).
-
-    ``soft_entropy_negexp``: ``exp(-beta * H / log V)``; ``hard_margin_threshold``:
-    ``p1 - p2 > margin``; ``hard_entropy_threshold``: ``H / log V < entropy_threshold``;
-    ``soft_confidence_power``: ``conf ** power``; ``soft_clipped_linear_margin``:
-    ``clip(coef * (p1 - p2), 0, 1)``; ``soft_renyi_2_entropy``: ``sum p^2``.
-    """
-
-    kind: str = "soft_entropy_negexp"
-    beta: float = 1.0
-    margin: float = 0.05
-    entropy_threshold: float = 0.5
-    power: float = 1.0
-    coef: float = 1.0
-
-    def __post_init__(self) -> None:
-        if self.kind not in ESTIMATORS:
-            raise ValueError(f"estimator must be one of {list(ESTIMATORS)}, got {self.kind!r}")
-
-    def __call__(self, p: Tensor, conf: Tensor) -> Tensor:
-        """``p [B, S, V]`` draft distribution, ``conf [B, S]`` prob of the draft -> ``[B, S]``."""
-        kind = self.kind
-        if kind == "soft_confidence_power":
-            return conf.clamp(0.0, 1.0) ** self.power
-        if kind == "soft_renyi_2_entropy":
-            return (p * p).sum(-1).clamp(0.0, 1.0)
-        if kind in ("hard_margin_threshold", "soft_clipped_linear_margin"):
-            top2 = p.topk(2, dim=-1).values
-            margin = top2[..., 0] - top2[..., 1]
-            if kind == "hard_margin_threshold":
-                return (margin > self.margin).to(p.dtype)
-            return (self.coef * margin).clamp(0.0, 1.0)
-        h = normalised_entropy(p)
-        if kind == "hard_entropy_threshold":
-            return (h < self.entropy_threshold).to(p.dtype)
-        return torch.exp(-self.beta * h)
-
-
-def normalised_entropy(p: Tensor) -> Tensor:
-    """``H(p) / log V`` in ``[0, 1]`` (``[..., V]`` -> ``[...]``)."""
-    return -(p * p.clamp_min(1e-12).log()).sum(-1) / math.log(p.shape[-1])
 
 
 
@@ -378,7 +325,7 @@ def s2d2(
     ``contextual_bandit_ucb`` (``ucb_beta``, ``ucb_bins``); ``score_type`` ``static``
     (K̂ − c) or ``dynamic`` (K̂ − c·N_hi), ``None``: the router's default (threshold static,
     hysteresis dynamic, as in the paper's configurations); ``estimator``: see
-    ``speculative.ESTIMATORS``; ``fallback``: see ``FALLBACKS``.
+    ``s2d2.ESTIMATORS``; ``fallback``: see ``FALLBACKS``.
     """
     kind = {} if score_type is None else {"kind": score_type}
     if fallback not in FALLBACKS:
@@ -394,9 +341,9 @@ def s2d2(
     if router not in routers:
         raise ValueError(f"router must be one of {sorted(routers)}, got {router!r}")
     est = AcceptanceEstimator(estimator, beta=entropy_temperature, margin=margin_threshold,
-                                   entropy_threshold=entropy_threshold, power=confidence_power,
-                                   coef=margin_coef)
+                              entropy_threshold=entropy_threshold, power=confidence_power,
+                              coef=margin_coef)
     return SelfSpeculative(router=routers[router](), estimator=est,
-                                base=FALLBACKS[fallback](tau, eb_gamma), tau=tau, gamma=gamma,
-                                allow_resample=allow_resample, causal_prefix=causal_prefix,
-                                draft_causal=draft_causal)
+                           base=FALLBACKS[fallback](tau, eb_gamma), tau=tau, gamma=gamma,
+                           allow_resample=allow_resample, causal_prefix=causal_prefix,
+                           draft_causal=draft_causal)
