@@ -39,7 +39,7 @@ import torch
 from dllm_decode.bench import BENCH_CONFIG, environment, write_csv
 from dllm_decode.models.loading import build_model, load_model
 from dllm_decode.overhead import measure_overhead
-from dllm_decode.samplers import mask_run
+from dllm_decode.samplers import mask_setup
 from dllm_decode.samplers.sampler import DiffusionSampler
 
 RESULTS = Path(__file__).parent / "results"
@@ -128,12 +128,12 @@ def _generic_step(on: bool) -> Iterator[None]:
     if not on:
         yield
         return
-    real = mask_run.span_selector
-    mask_run.span_selector = lambda *args, **kwargs: None
+    real = mask_setup.span_selector
+    mask_setup.span_selector = lambda *args, **kwargs: None
     try:
         yield
     finally:
-        mask_run.span_selector = real
+        mask_setup.span_selector = real
 
 
 def step_program_rows(env: Any, args: Any) -> list[dict]:

@@ -22,6 +22,7 @@ from dllm_decode.policies import Threshold, TopK
 from dllm_decode.policies.policy import Policy
 from dllm_decode.policies.resolve import compose
 from dllm_decode.samplers import mask_run as sampler_module  # the mask loop's step
+from dllm_decode.samplers import mask_setup  # builds the fused step's selector
 from dllm_decode.samplers.contract import NonFiniteLogitsError
 from dllm_decode.types import ScoreKind
 from tests.helpers import EOS, MASK, left_pad_rows, tiny_model
@@ -51,7 +52,7 @@ def _decode(monkeypatch: pytest.MonkeyPatch, fused: bool, model: Any, policy: An
 
     monkeypatch.setattr(sampler_module, "fused_step", counted)
     if not fused:
-        monkeypatch.setattr(sampler_module, "span_selector", lambda *a, **k: None)
+        monkeypatch.setattr(mask_setup, "span_selector", lambda *a, **k: None)
     try:
         out = DiffusionSampler(model, policy, **kw).generate(prompt, mask)
     finally:

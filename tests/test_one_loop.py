@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from dllm_decode import DiffusionSampler
-from dllm_decode.samplers import loop, mask_run, noise, sampler, uniform
+from dllm_decode.samplers import loop, mask_run, mask_setup, noise, sampler, uniform
 from tests.helpers import tiny_gemma, tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -71,7 +71,7 @@ def test_no_second_loop() -> None:
     """The block and step loops live in ``samplers.loop`` only; the noise kinds' modules and
     the sampler define per-block / per-step parts, no loop (``decode_uniform`` is gone)."""
     assert len(_step_loops(loop)) == 2  # blocks, steps
-    for module in (uniform, mask_run, sampler, noise):
+    for module in (uniform, mask_run, mask_setup, sampler, noise):
         assert _step_loops(module) == [], module.__name__
     assert not hasattr(uniform, "decode_uniform")
     assert "decode_loop(run)" in inspect.getsource(sampler.DiffusionSampler.generate)

@@ -7,7 +7,7 @@ import importlib
 import pytest
 import torch
 
-import dllm_decode.samplers.mask_run as sampler_module  # the mask kind builds the plan
+import dllm_decode.samplers.mask_setup as sampler_module  # the mask kind builds the plan
 from dllm_decode import DiffusionSampler, make_policy
 from dllm_decode.cache.window import WindowPlan
 from tests.helpers import EOS, MASK, tiny_model
