@@ -39,7 +39,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import lowest, rank_desc, step_score, top1_mask
+from dllm_decode.policies.base import lowest, rank_desc, step_score, to_canvas, top1_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
@@ -220,11 +220,7 @@ class EntropyThreshold:
             return (-state.proposal.neg_entropy.double()).masked_fill(~state.fresh, torch.inf)
         p = torch.softmax(state.logits.double(), dim=-1)
         h = -(p * torch.log(p + DPARALLEL_LOG_EPS)).sum(-1)  # [B, R]
-        b, length = state.eligible.shape
-        full = torch.full((b, length), torch.inf, dtype=torch.float64, device=h.device)
-        rows = state.rows.expand(b, -1) if state.rows.dim() == 1 else state.rows
-        full.scatter_(1, rows, h)  # repeated (padding) entries carry the same value
-        return full
+        return to_canvas(h, state.rows, state.eligible.shape[1], torch.inf)
 
     def __post_init__(self) -> None:
         check_fields(self, "EntropyThreshold")

@@ -190,6 +190,14 @@ def budget_mask(state: StepState, score: Tensor, eligible: Tensor, k: Tensor) ->
     return topk_mask(score, eligible, k)
 
 
+def to_canvas(x: Tensor, rows: Tensor, length: int, fill: float = 0.0) -> Tensor:
+    """Per-fed-row values ``x [B, R]`` at the canvas positions ``rows`` (``StepState.rows``:
+    ``[R]`` shared or ``[B, R]`` per row; repeated padding entries carry the same value) ->
+    ``[B, L]`` in ``x``'s dtype, ``fill`` elsewhere. No host sync."""
+    out = torch.full((x.shape[0], length), fill, dtype=x.dtype, device=x.device)
+    return out.scatter_(1, rows.expand(x.shape[0], -1), x)
+
+
 def top1_mask(score: Tensor, eligible: Tensor) -> Tensor:
     """The single best eligible position of each row that has one (ties -> lowest index, as
     ``topk_mask`` with ``k = 1``; one argmax, no sort)."""

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import rank_desc, step_score, topk_mask
+from dllm_decode.policies.base import rank_desc, step_score, to_canvas, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
@@ -120,8 +120,7 @@ class KLASS:
         log_p = torch.log(p + KL_EPS)
         kl_rows = (p * (log_p - mem.log_prev.index_select(1, rows))).sum(-1)  # [B, R]
         kl_rows = torch.where(mem.fresh_prev[:, rows], kl_rows, torch.full_like(kl_rows, torch.inf))
-        kl = torch.zeros(b, length, device=logits.device)
-        kl[:, rows] = kl_rows
+        kl = to_canvas(kl_rows, rows, length)
         mem.log_prev[:, rows] = log_p
         # the history advances only at scored positions
         rolled = torch.cat([mem.kl[..., 1:], kl[..., None]], dim=-1)

@@ -55,7 +55,7 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import lowest, topk_mask
+from dllm_decode.policies.base import lowest, to_canvas, topk_mask
 from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import Selection, StepState
@@ -211,7 +211,7 @@ class Lopa:
         """The anchor's argmax, top probability and confidence ``[B, L]`` from the step's
         logits (zeros outside the fed rows)."""
         length = state.eligible.shape[1]
-        return [_widen(x, state, length) for x in self._stats(state, state.logits)]
+        return [to_canvas(x, state.rows, length) for x in self._stats(state, state.logits)]
 
     def _lookaheads(self, state: StepState, at: Tensor, spawn_tok: Tensor, valid: Tensor
                     ) -> list[Tensor]:
@@ -260,17 +260,6 @@ class Lopa:
         memory.pos = torch.where(ok, order, -1)
         memory.tok = tok.gather(1, order)
         memory.conf = conf.gather(1, order)
-
-
-def _widen(x: Tensor, state: StepState, length: int) -> Tensor:
-    """Per-fed-row values ``[B, R]`` at ``state.rows`` -> ``[B, L]`` (zeros elsewhere)."""
-    out = torch.zeros(x.shape[0], length, dtype=x.dtype, device=x.device)
-    rows = state.rows
-    if rows.dim() == 1:
-        out[:, rows] = x
-    else:
-        out.scatter_(1, rows, x)
-    return out
 
 
 def lopa_policy(threshold: float | None = None, branches: int | None = None,
