@@ -13,7 +13,7 @@ from __future__ import annotations
 import argparse
 
 from dllm_decode import DiffusionSampler, generate_text, load_model, load_tokenizer
-from dllm_decode.policies.defaults import resolve_policy
+from dllm_decode.policies.defaults import apply_family_default
 from dllm_decode.speed import TPF_UNIT, generation_tpf
 
 #: the training prompt format of the bundled checkpoints (ParallelBench Waiting Line, copy)
@@ -44,7 +44,7 @@ def main() -> None:
     tok = load_tokenizer(args.model)
     # no --policy: the family's preset with its settings (llada2 on LLaDA2, gemma_renoise on
     # DiffusionGemma, ...); block_length None: one block of G, or the model's own block size
-    policy, params, cache = resolve_policy(model, args.policy, None, args.cache)
+    policy, params, cache = apply_family_default(model, args.policy, None, args.cache)
     sampler = DiffusionSampler(model, policy, cache=cache, gen_length=args.gen_length,
                                block_length=args.block_length, **params)
     out = generate_text(sampler, tok, args.prompt or PROMPTS)

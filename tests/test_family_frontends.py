@@ -21,7 +21,11 @@ from dllm_decode.eval.parallelbench.codec import TokenizerCodec
 from dllm_decode.eval.parallelbench.grid import parse_grid
 from dllm_decode.eval.parallelbench.rows import read_rows
 from dllm_decode.eval.runner import load_records, run_grid
-from dllm_decode.policies.defaults import FAMILY_DEFAULTS, family_defaults, resolve_policy
+from dllm_decode.policies.defaults import (
+    FAMILY_DEFAULTS,
+    apply_family_default,
+    family_defaults,
+)
 from dllm_decode.policies.resolve import PRESETS
 from dllm_decode.text import stop_token_ids
 from tests.helpers import tiny_gemma_config, tiny_model
@@ -68,10 +72,13 @@ def test_every_family_default_is_a_preset() -> None:
 
 def test_resolve_policy_keeps_the_users_choices() -> None:
     model = tiny_moe_model("fastdllm2")
-    assert resolve_policy(model, None) == ("fastdllm_v2", {"stop_at_eos": True}, "block_causal")
-    assert resolve_policy(model, "default", {"stop_at_eos": False, "threshold": 0.5}, "none") \
+    assert apply_family_default(model, None) == ("fastdllm_v2", {"stop_at_eos": True},
+                                                 "block_causal")
+    assert apply_family_default(model, "default", {"stop_at_eos": False, "threshold": 0.5},
+                                "none") \
         == ("fastdllm_v2", {"stop_at_eos": False, "threshold": 0.5}, "none")
-    assert resolve_policy(model, "threshold", {"tau": 0.7}) == ("threshold", {"tau": 0.7}, None)
+    assert apply_family_default(model, "threshold", {"tau": 0.7}) == ("threshold", {"tau": 0.7},
+                                                                      None)
     assert family_defaults(tiny_model("llada")).policy == "low_confidence"
 
 
@@ -113,7 +120,7 @@ def test_generate_text_with_the_family_default(tok, name: str) -> None:
     block (4) / canvas (8): exactly 10 tokens, no mask left, answers cut at EOS."""
     model = family_model(name, len(tok))
     assert model.family == FAMILIES[name][0]
-    policy, params, cache = resolve_policy(model, None, {"gen_length": 10, "seed": 1})
+    policy, params, cache = apply_family_default(model, None, {"gen_length": 10, "seed": 1})
     assert policy == FAMILIES[name][1]
     sampler = DiffusionSampler(model, policy, cache, **params)
     out = generate_text(sampler, tok, ["Maya Doyle", "the cat"])  # chat template: the tok's

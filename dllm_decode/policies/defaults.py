@@ -87,6 +87,3 @@ def apply_family_default(model: Any, policy: Any, params: Mapping[str, Any] | No
     found = family_defaults(model)
     return found.policy, {**found.params, **params}, cache if cache is not None else found.cache
 
-
-#: the older name of ``apply_family_default`` (``examples/generate.py``)
-resolve_policy = apply_family_default
