@@ -23,6 +23,8 @@ from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from dllm_decode.samplers.graph_check import made_by, storage_of, written
+
 
 class CudaGraphs:
     """CUDA graphs: one ``torch.cuda.CUDAGraph`` per captured step, one memory pool per
@@ -41,10 +43,6 @@ class CudaGraphs:
         return torch.cuda.graph(graph, pool=pool, stream=stream)
 
 
-def _storage(t: Tensor) -> int:
-    return t.untyped_storage().data_ptr()
-
-
 class StandInGraph:
     """A recorded step: ``(op, args, kwargs, outputs)`` in order, replayed on the same tensors."""
 
@@ -56,9 +54,9 @@ class StandInGraph:
         ops' results are copied into the tensors the capture made (their graph addresses)."""
         for func, args, kwargs, out in self.ops:
             new = func(*args, **kwargs)
-            inputs = {_storage(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
+            inputs = {storage_of(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
             for old, now in zip(tree_leaves(out), tree_leaves(new), strict=True):
-                if isinstance(old, Tensor) and _storage(old) not in inputs:  # not a view
+                if isinstance(old, Tensor) and storage_of(old) not in inputs:  # not a view
                     old.copy_(now)
 
 
@@ -75,16 +73,11 @@ class _Record(TorchDispatchMode):
     def __torch_dispatch__(self, func: Any, types: Any, args: Any = (),
                            kwargs: Any = None) -> Any:
         kwargs = kwargs or {}
-        for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is None or not arg.alias_info.is_write:
-                continue
-            value = args[i] if i < len(args) else kwargs.get(arg.name)
-            if isinstance(value, Tensor) and _storage(value) not in self.made:
+        for value in written(func, args, kwargs):
+            if storage_of(value) not in self.made:
                 self.saved.append((value, value.clone()))
         out = func(*args, **kwargs)
-        inputs = {_storage(t) for t in tree_leaves((args, kwargs)) if isinstance(t, Tensor)}
-        self.made |= {_storage(o) for o in tree_leaves(out)
-                      if isinstance(o, Tensor) and _storage(o) not in inputs}
+        self.made |= {storage_of(o) for o in made_by(args, kwargs, out)}
         self.graph.ops.append((func, args, kwargs, out))
         return out
 

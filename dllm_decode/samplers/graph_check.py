@@ -82,8 +82,28 @@ class ReplayMismatch(AssertionError):
     """A step run differs from its key's first run in a way a CUDA graph replay would miss."""
 
 
-def _storage(t: Tensor) -> int:
+def storage_of(t: Tensor) -> int:
+    """The address of ``t``'s storage (views share it)."""
     return t.untyped_storage().data_ptr()
+
+
+def written(func: Any, args: Any, kwargs: dict[str, Any]) -> list[Tensor]:
+    """The tensor arguments the op ``func(*args, **kwargs)`` writes (its schema's write
+    aliases: ``out=``, the target of an in-place op)."""
+    out = []
+    for i, arg in enumerate(func._schema.arguments):
+        if arg.alias_info is None or not arg.alias_info.is_write:
+            continue
+        value = args[i] if i < len(args) else kwargs.get(arg.name)
+        if isinstance(value, Tensor):
+            out.append(value)
+    return out
+
+
+def made_by(args: Any, kwargs: dict[str, Any], out: Any) -> list[Tensor]:
+    """The tensors of an op's result ``out`` that it made (not views of its arguments)."""
+    inputs = {storage_of(a) for a in tree_leaves((args, kwargs)) if isinstance(a, Tensor)}
+    return [o for o in tree_leaves(out) if isinstance(o, Tensor) and storage_of(o) not in inputs]
 
 
 class Recorder(TorchDispatchMode):
@@ -126,7 +146,7 @@ class Recorder(TorchDispatchMode):
             if not isinstance(a, Tensor):
                 sig.append(repr(a))
                 continue
-            ptr = _storage(a)
+            ptr = storage_of(a)
             if ptr in self.made:
                 sig.append(("made", tuple(a.shape), a.dtype))
             elif ptr in self.static:
@@ -134,20 +154,15 @@ class Recorder(TorchDispatchMode):
             else:
                 sig.append(("const", len(self.consts), tuple(a.shape), a.dtype))
                 self.consts.append(a)
-        for i, arg in enumerate(func._schema.arguments):
-            if arg.alias_info is None or not arg.alias_info.is_write:
-                continue
-            value = args[i] if i < len(args) else kwargs.get(arg.name)
-            if isinstance(value, Tensor) and _storage(value) not in self.made | self.static:
+        for value in written(func, args, kwargs):
+            if storage_of(value) not in self.made | self.static:
                 self.problems.append(f"{name} writes a tensor outside the static buffers")
         out = func(*args, **kwargs)
-        inputs = {_storage(a) for a in tree_leaves((args, kwargs)) if isinstance(a, Tensor)}
-        for o in tree_leaves(out):
-            if isinstance(o, Tensor) and _storage(o) not in inputs:
-                self.made.add(_storage(o))
-                if self.keep_made:
-                    self._alive.append(o)
-                sig.append(("out", tuple(o.shape), o.dtype))
+        for o in made_by(args, kwargs, out):
+            self.made.add(storage_of(o))
+            if self.keep_made:
+                self._alive.append(o)
+            sig.append(("out", tuple(o.shape), o.dtype))
         self.ops.append((name, tuple(sig)))
         return out
 

@@ -30,7 +30,7 @@ from torch import Tensor
 from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.samplers import graph_selfcheck
 from dllm_decode.samplers.graph_backend import CudaGraphs
-from dllm_decode.samplers.graph_check import Recorder, ReplayCheck
+from dllm_decode.samplers.graph_check import Recorder, ReplayCheck, storage_of
 from dllm_decode.samplers.static_step import (
     Buffers,
     StepKey,
@@ -187,7 +187,7 @@ class GraphRun:
         if buf.cache is not None:
             c = buf.cache
             tensors += [c.k, c.v, c.kv_start, c.kv_end]
-        return {t.untyped_storage().data_ptr() for t in tensors if t is not None}
+        return {storage_of(t) for t in tensors if t is not None}
 
     @property
     def canvas(self) -> Tensor:
