@@ -38,7 +38,6 @@ from dllm_decode.integrations.sglang.views import (
     ServedStepModel,
     Watched,
     WatchedExtras,
-    check_mask,
     index_of,
     request_seed,
     take_rows,
@@ -46,7 +45,7 @@ from dllm_decode.integrations.sglang.views import (
 from dllm_decode.policies.base import bind_of, init_memory_of
 from dllm_decode.policies.capabilities import policy_capabilities
 from dllm_decode.samplers import schedule as sch
-from dllm_decode.samplers.contract import PolicyContractError
+from dllm_decode.samplers.contract import PolicyContractError, StepGuard
 from dllm_decode.samplers.proposals import ProposalMaker, widen
 from dllm_decode.types import Proposal, Selection, StepState
 
@@ -127,6 +126,8 @@ class BlockDecoder:
         self.fuse = self.selector.fuse_logits if sel.fuses_logits else None
         #: handed to calls that must not draw: a draw shows in its state (``_decide``)
         self.probe = torch.Generator(device=device)
+        #: the decode contract's host-side shape check of a selection (``StepGuard.check_shape``)
+        self.guard = StepGuard(1, device, policy.name)
         maker = self.maker = ProposalMaker(served, cfg, served.family, self.probe)
         maker.fields = caps.proposal_fields
         maker.greedy = caps.selector.samples_tokens
@@ -335,7 +336,7 @@ class BlockDecoder:
         chosen = self.selector.select(state)
         sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
         eligible, prop = state.eligible, state.proposal
-        check_mask(sel.commit, eligible, "select() commit mask", self.spec.policy.name)
+        self.guard.check_shape(sel.commit, eligible)
         commit = (sel.commit & eligible) | (eligible & last[:, None])
         edit = None
         if sel.edit is not None:
@@ -343,7 +344,7 @@ class BlockDecoder:
                 raise PolicyContractError(
                     f"policy {self.spec.policy.name!r} returned Selection.edit without "
                     "declaring it: capabilities = Capabilities(edits=True)")
-            check_mask(sel.edit, eligible, "Selection.edit", self.spec.policy.name)
+            self.guard.check_shape(sel.edit, eligible)
             edit = sel.edit & state.editable
         write = commit if edit is None else commit | edit
         tokens = prop.tokens if sel.tokens is None else torch.where(write, sel.tokens,
