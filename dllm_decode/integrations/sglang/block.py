@@ -62,8 +62,9 @@ class RequestBlock:
         step: steps taken; has_mask: the block still has a mask (as of the last step);
         post_used: editing post steps taken; done: the block is emitted.
         plan: ``[n_iter, 3]`` float64 per step: LLaDA budget, Dream fraction, last scheduled
-            step (device; made at the first step). memory / generator / lengths: the policy's
-            per-request memory, generator and truncation length (made on first use).
+            step (device; made at the first step, one tensor shared by blocks alike).
+            memory / generator / lengths: the policy's per-request memory, generator and
+            truncation length (made on first use).
     """
 
     prompt: Tensor
@@ -175,8 +176,14 @@ class BlockDecoder:
 
     def _plan(self, st: RequestBlock, device: torch.device) -> Tensor:
         """``[n_iter, 3]`` float64: LLaDA budget, Dream fraction (1 at the last scheduled step),
-        last-scheduled-step flag, per step (zeros in post steps)."""
-        plan = torch.zeros(st.n_iter, 3, dtype=torch.float64, device=device)
+        last-scheduled-step flag, per step (zeros in post steps). Read-only, so shared by every
+        block with the same open positions and schedule length (made once per such pair, not
+        once per request and block)."""
+        key = ("plan", st.n_commit, st.open)
+        plan = self._memo.get(key)
+        if plan is not None:
+            return plan
+        plan = self._memo[key] = torch.zeros(st.n_iter, 3, dtype=torch.float64, device=device)
         n = st.n_commit
         if self.schedule == "dream":
             fr = sch.dream_fractions(sch.dream_times(n, self.spec.cfg.eps, device))
