@@ -24,7 +24,7 @@ import torch
 from dllm_decode.cache.plans import ForwardPlan
 from dllm_decode.models.loading import build_model
 from dllm_decode.samplers.sampler import DiffusionSampler
-from dllm_decode.speed import TPF_UNIT, generation_tpf, model_stop_ids
+from dllm_decode.speed import TPF_UNIT, generation_tpf, model_stop_ids, tokens_per_step
 from dllm_decode.types import CacheMode
 
 HEADER = ["suite", "name", "provider", "policy", "cache", "B", "P", "G", "K", "V", "metric",
@@ -138,7 +138,7 @@ def iter_decode_rows(model: Any, *, batches: Iterable[int], gens: Iterable[int],
                 tpf, _ = generation_tpf(out, stops)
                 for metric, unit, val in (
                         ("nfe", "forwards", nfe), ("tpf", TPF_UNIT, tpf),
-                        ("tokens_per_step", "gen tokens/forward", g / max(nfe, 1.0)),
+                        ("tokens_per_step", "gen tokens/forward", tokens_per_step([g], [nfe])),
                         ("tokens_per_s", "gen tokens/s", b * g / pct(e2e)[1])):
                     yield base | dict(metric=metric, unit=unit, p20=val, p50=val, p80=val)
                 per_step = step_times(model, CacheMode(mode), b, prompt, g, block,

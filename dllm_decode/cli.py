@@ -190,12 +190,13 @@ def speed_line(generation: Any, stop_ids: Sequence[int], elapsed: float) -> str:
     """``NFE=.. tokens/forward=.. (..) tokens/step=.. (..) time=.. tokens/s=..`` of a one-row
     ``generation``: tokens per forward as ``dllm_decode.speed`` defines it, then the budget
     figure under its own name (it counts the EOS fill)."""
-    from dllm_decode.speed import TPF_UNIT, generation_tpf
+    from dllm_decode.speed import TPF_UNIT, generation_tpf, tokens_per_step
 
     tpf, useful = generation_tpf(generation, stop_ids)
     nfe, budget = int(generation.nfe[0]), int(generation.answer.shape[1])
+    per_step = tokens_per_step([budget], [nfe])
     return (f"NFE={nfe} {TPF_UNIT}={tpf:.2f} ({useful[0]} answer tokens up to EOS / {nfe} "
-            f"forward{'s' if nfe != 1 else ''}) tokens/step={budget / max(nfe, 1):.2f} (the "
+            f"forward{'s' if nfe != 1 else ''}) tokens/step={per_step:.2f} (the "
             f"{budget}-token budget, EOS fill included) time={elapsed:.2f}s "
             f"tokens/s={useful[0] / max(elapsed, 1e-9):.1f}")
 

@@ -71,6 +71,13 @@ def tokens_per_forward(tokens: Sequence[float], nfe: Sequence[float]) -> float:
     return float(sum(tokens)) / total
 
 
+def tokens_per_step(budget: Sequence[float], nfe: Sequence[float]) -> float:
+    """Pooled ``sum(gen_length) / sum(nfe)``: the generation budget per forward, EOS fill
+    included (not tokens per forward: it counts the fill). Raises as
+    :func:`tokens_per_forward`."""
+    return tokens_per_forward(budget, nfe)
+
+
 def generation_tpf(generation: Any, stop_ids: Iterable[int]) -> tuple[float, list[int]]:
     """``(tokens per forward, answer lengths [B])`` of a ``Generation`` (zero forwards: 0)."""
     useful = answer_lengths(generation.answer, stop_ids, generation.lengths)

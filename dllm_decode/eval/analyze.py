@@ -33,6 +33,7 @@ from typing import Any, Final
 from dllm_decode.eval import metrics
 from dllm_decode.eval.order import order_plot, order_table
 from dllm_decode.eval.parallelbench.rows import PLAN_FILE, load_rows, read_plan
+from dllm_decode.speed import tokens_per_step
 
 ANALYSIS_DIR: Final[str] = "analysis"
 _PERCENT: Final[float] = 100.0
@@ -124,7 +125,7 @@ def cell_table(rows: Sequence[Row]) -> list[Row]:
             "nfe": metrics.nfe_mean(nfe),
             "tpf": metrics.tpf_micro(useful, nfe) if sum(nfe) else None,
             "tpf_macro": metrics.tpf_macro(useful, nfe) if min(nfe) > 0 else None,
-            "tokens_per_step": metrics.tpf_micro([r["gen_tokens_budget"] for r in members], nfe)
+            "tokens_per_step": tokens_per_step([r["gen_tokens_budget"] for r in members], nfe)
             if sum(nfe) else None,
             "tokens_per_second": sum(useful) / seconds if seconds > 0 else None,
             "order_kendall_tau": _mean(taus),

@@ -38,7 +38,6 @@ from dllm_decode.integrations.sglang.views import (
     ServedStepModel,
     Watched,
     WatchedExtras,
-    check_mask,
     index_of,
     request_seed,
     take_rows,
@@ -46,7 +45,7 @@ from dllm_decode.integrations.sglang.views import (
 from dllm_decode.policies.base import bind_of, init_memory_of
 from dllm_decode.policies.capabilities import policy_capabilities
 from dllm_decode.samplers import schedule as sch
-from dllm_decode.samplers.contract import PolicyContractError
+from dllm_decode.samplers.contract import PolicyContractError, StepGuard
 from dllm_decode.samplers.proposals import ProposalMaker, widen
 from dllm_decode.types import Proposal, Selection, StepState
 
@@ -63,8 +62,9 @@ class RequestBlock:
         step: steps taken; has_mask: the block still has a mask (as of the last step);
         post_used: editing post steps taken; done: the block is emitted.
         plan: ``[n_iter, 3]`` float64 per step: LLaDA budget, Dream fraction, last scheduled
-            step (device; made at the first step). memory / generator / lengths: the policy's
-            per-request memory, generator and truncation length (made on first use).
+            step (device; made at the first step, one tensor shared by blocks alike).
+            memory / generator / lengths: the policy's per-request memory, generator and
+            truncation length (made on first use).
     """
 
     prompt: Tensor
@@ -127,6 +127,8 @@ class BlockDecoder:
         self.fuse = self.selector.fuse_logits if sel.fuses_logits else None
         #: handed to calls that must not draw: a draw shows in its state (``_decide``)
         self.probe = torch.Generator(device=device)
+        #: the decode contract's host-side shape check of a selection (``StepGuard.check_shape``)
+        self.guard = StepGuard(1, device, policy.name)
         maker = self.maker = ProposalMaker(served, cfg, served.family, self.probe)
         maker.fields = caps.proposal_fields
         maker.greedy = caps.selector.samples_tokens
@@ -174,8 +176,14 @@ class BlockDecoder:
 
     def _plan(self, st: RequestBlock, device: torch.device) -> Tensor:
         """``[n_iter, 3]`` float64: LLaDA budget, Dream fraction (1 at the last scheduled step),
-        last-scheduled-step flag, per step (zeros in post steps)."""
-        plan = torch.zeros(st.n_iter, 3, dtype=torch.float64, device=device)
+        last-scheduled-step flag, per step (zeros in post steps). Read-only, so shared by every
+        block with the same open positions and schedule length (made once per such pair, not
+        once per request and block)."""
+        key = ("plan", st.n_commit, st.open)
+        plan = self._memo.get(key)
+        if plan is not None:
+            return plan
+        plan = self._memo[key] = torch.zeros(st.n_iter, 3, dtype=torch.float64, device=device)
         n = st.n_commit
         if self.schedule == "dream":
             fr = sch.dream_fractions(sch.dream_times(n, self.spec.cfg.eps, device))
@@ -335,7 +343,7 @@ class BlockDecoder:
         chosen = self.selector.select(state)
         sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
         eligible, prop = state.eligible, state.proposal
-        check_mask(sel.commit, eligible, "select() commit mask", self.spec.policy.name)
+        self.guard.check_shape(sel.commit, eligible)
         commit = (sel.commit & eligible) | (eligible & last[:, None])
         edit = None
         if sel.edit is not None:
@@ -343,7 +351,7 @@ class BlockDecoder:
                 raise PolicyContractError(
                     f"policy {self.spec.policy.name!r} returned Selection.edit without "
                     "declaring it: capabilities = Capabilities(edits=True)")
-            check_mask(sel.edit, eligible, "Selection.edit", self.spec.policy.name)
+            self.guard.check_shape(sel.edit, eligible)
             edit = sel.edit & state.editable
         write = commit if edit is None else commit | edit
         tokens = prop.tokens if sel.tokens is None else torch.where(write, sel.tokens,

@@ -16,7 +16,6 @@ import torch
 from torch import Tensor
 
 from dllm_decode.integrations.sglang.spec import ServedModel
-from dllm_decode.samplers.contract import PolicyContractError
 from dllm_decode.samplers.proposals import ProposalMaker
 from dllm_decode.types import Proposal, StepState
 
@@ -105,12 +104,3 @@ def take_rows(prop: Proposal, idx: Tensor | None) -> Proposal:
     return Proposal(t(prop.tokens), t(prop.prob), t(prop.get("margin")),
                     t(prop.get("logit_margin")), t(prop.get("neg_entropy")), t(prop.argmax),
                     t(prop.lse))
-
-
-def check_mask(mask: Any, eligible: Tensor, what: str, policy: str) -> None:
-    """Host-side: ``mask`` must be a bool tensor shaped like ``eligible``."""
-    if not isinstance(mask, Tensor) or mask.dtype != torch.bool or mask.shape != eligible.shape:
-        got = f"{mask.dtype} {tuple(mask.shape)}" if isinstance(mask, Tensor) else \
-            type(mask).__name__
-        raise PolicyContractError(f"policy {policy!r}: {what} must be bool "
-                                  f"{tuple(eligible.shape)}, got {got}")
