@@ -33,6 +33,14 @@ def left_padded(prompts: list[list[int]], region: Tensor, width: int, pad_id: in
     return tokens, valid
 
 
+def batch_prompts(tokens: Tensor, valid: Tensor, width: int,
+                  rows: Tensor | None = None) -> list[list[int]]:
+    """The prompts of a ``left_padded`` batch (its inverse): the valid ids before ``width`` of
+    ``tokens [B, width + G]`` (``valid [B, width + G]``), of the rows ``rows`` (default: all)."""
+    picked = range(tokens.shape[0]) if rows is None else rows.tolist()
+    return [tokens[i, :width][valid[i, :width]].tolist() for i in picked]
+
+
 def answer_masks(answers: Tensor, first_name: int, cfg: DistillConfig,
                  gen: torch.Generator) -> Tensor:
     """Masked positions ``[B, G]`` (bool, at least one per row) of the three modes."""

@@ -43,7 +43,11 @@ from torch.nn import functional as F
 from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.models.uniform_oracle import ALPHAS, noisy_posterior
-from dllm_decode.train.distill_batch import left_padded, scramble_batch
+from dllm_decode.train.distill_batch import (
+    batch_prompts,
+    left_padded,
+    scramble_batch,
+)
 from dllm_decode.train.testbed import TESTBED_GEN_LENGTH, draw_training_examples
 
 #: the corruption level's lower bound (``dllm.eps`` of the reference recipe)
@@ -124,8 +128,7 @@ def uniform_batch(cfg: Any, oracle: WaitingLineOracle, step: int
     gen = torch.Generator().manual_seed((cfg.seed << 32) + step + NOISE_SALT)
     if step < cfg.scramble_steps:  # copies of random name lists: the only way down is to copy
         tokens, valid, _, onehot, width = scramble_batch(cfg, oracle, step)
-        prompts = [row[:width][ok[:width]].tolist() for row, ok in zip(tokens, valid,
-                                                                        strict=True)]
+        prompts = batch_prompts(tokens, valid, width)
         answers = onehot.argmax(-1)
         tables = [a[None] for a in answers]  # one valid answer each
     else:
