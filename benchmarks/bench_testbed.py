@@ -194,6 +194,36 @@ def selected(only: list[str] | None) -> list[tuple[str, str, Any, dict[str, Any]
     return [CONFIGS[0]] + [c for c in CONFIGS[1:] if c[0] in only]
 
 
+def decode_config(model: Any, oracle: Any, policy: str, kwargs: dict[str, Any], n: int,
+                  seed: int) -> tuple[dict[str, list[dict[str, Any]]], float]:
+    """One config's ``decode_tasks`` rows (``policy_of`` resolves composed policies) and the
+    thread CPU seconds it took."""
+    pol, kw = policy_of(policy, kwargs)
+    t0 = time.thread_time()
+    rows = decode_tasks(model, oracle, n, seed=seed, policy=pol, **kw)
+    return rows, time.thread_time() - t0
+
+
+def result_row(name: str, family: str, label: str, kwargs: dict[str, Any], n: int, seed: int,
+               s: dict[str, Any], seconds: float,
+               extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    """One CSV row of a config's ``summarise`` result ``s``; ``extra`` columns (a benchmark's
+    own) follow ``tokens_per_step``."""
+    return {"model": name, "family": family, "config": label,
+            "params": json.dumps(kwargs), "n_per_task": n, "seed": seed,
+            "acc": round(s["acc"], 2), "ci_lo": round(s["ci_lo"], 2),
+            "ci_hi": round(s["ci_hi"], 2), "nfe": round(s["nfe"], 3),
+            "tokens_per_step": round(s["tokens_per_step"], 3), **(extra or {}),
+            "diff_lo": round(s.get("diff_lo", 0.0), 2),
+            "diff_hi": round(s.get("diff_hi", 0.0), 2),
+            "significant": s.get("significant", False),
+            "cpu_s_per_prompt": round(seconds / (n * len(TESTBED_TASKS)), 5),
+            **{f"acc_{t}": round(v, 1) for t, v in s["tasks"].items()},
+            "device": "cpu", "torch": torch.__version__,
+            "python": platform.python_version(), "commit": commit(),
+            "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")}
+
+
 def run(models: list[str], n: int, seed: int,
         only: list[str] | None = None) -> list[dict[str, Any]]:
     torch.set_num_threads(1)
@@ -211,25 +241,10 @@ def run(models: list[str], n: int, seed: int,
                 print(f"{progress(done, total, start)} {name:14s} {family:18s} {label:22s} "
                       f"skipped: {reason}", flush=True)
                 continue
-            pol, kw = policy_of(policy, kwargs)
-            t0 = time.thread_time()
-            rows = decode_tasks(model, oracle, n, seed=seed, policy=pol, **kw)
-            seconds = time.thread_time() - t0
+            rows, seconds = decode_config(model, oracle, policy, kwargs, n, seed)
             s = summarise(rows, base)
             base = s["valid"] if base is None else base
-            out.append({"model": name, "family": family, "config": label,
-                        "params": json.dumps(kwargs), "n_per_task": n, "seed": seed,
-                        "acc": round(s["acc"], 2), "ci_lo": round(s["ci_lo"], 2),
-                        "ci_hi": round(s["ci_hi"], 2), "nfe": round(s["nfe"], 3),
-                        "tokens_per_step": round(s["tokens_per_step"], 3),
-                        "diff_lo": round(s.get("diff_lo", 0.0), 2),
-                        "diff_hi": round(s.get("diff_hi", 0.0), 2),
-                        "significant": s.get("significant", False),
-                        "cpu_s_per_prompt": round(seconds / (n * len(TESTBED_TASKS)), 5),
-                        **{f"acc_{t}": round(v, 1) for t, v in s["tasks"].items()},
-                        "device": "cpu", "torch": torch.__version__,
-                        "python": platform.python_version(), "commit": commit(),
-                        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            out.append(result_row(name, family, label, kwargs, n, seed, s, seconds))
             r = out[-1]
             print(f"{progress(done, total, start)} {name:14s} {family:18s} {label:22s} "
                   f"acc {r['acc']:6.2f} "

@@ -24,8 +24,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import json
-import platform
 import sys
 import time
 from pathlib import Path
@@ -37,7 +35,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 import bench_testbed as bt  # noqa: E402
 
 from dllm_decode.train.testbed import TESTBED_TASKS, waiting_line_oracle  # noqa: E402
-from dllm_decode.train.testbed_eval import decode_tasks  # noqa: E402
 
 G = bt.G
 #: dLLM-Cache at the authors' LLaDA GSM8K settings (K_p 50, K_r 7, rho 0.25) and a denser one
@@ -95,31 +92,17 @@ def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
             if reason is not None:
                 print(f"{head} skipped: {reason}", flush=True)
                 continue
-            t0 = time.thread_time()
-            rows = decode_tasks(model, oracle, n, seed=seed, policy=policy, **kwargs)
-            seconds = time.thread_time() - t0
+            rows, seconds = bt.decode_config(model, oracle, policy, kwargs, n, seed)
             s = bt.summarise(rows, base)
             base = s["valid"] if base is None else base
             flat = [r for t in TESTBED_TASKS for r in rows[t]]
             steps = sum(r["steps"] for r in flat) / len(flat)
             positions = sum(r["positions"] for r in flat) / len(flat)
             base_positions = base_positions or positions
-            out.append({"model": name, "family": family, "config": label,
-                        "params": json.dumps(kwargs), "n_per_task": n, "seed": seed,
-                        "acc": round(s["acc"], 2), "ci_lo": round(s["ci_lo"], 2),
-                        "ci_hi": round(s["ci_hi"], 2), "nfe": round(s["nfe"], 3),
-                        "tokens_per_step": round(s["tokens_per_step"], 3),
-                        "rounds": round(steps, 3), "tokens_per_round": round(G / steps, 3),
-                        "positions": round(positions, 1),
-                        "positions_vs_k1": round(positions / base_positions, 3),
-                        "diff_lo": round(s.get("diff_lo", 0.0), 2),
-                        "diff_hi": round(s.get("diff_hi", 0.0), 2),
-                        "significant": s.get("significant", False),
-                        "cpu_s_per_prompt": round(seconds / len(flat), 5),
-                        **{f"acc_{t}": round(v, 1) for t, v in s["tasks"].items()},
-                        "device": "cpu", "torch": torch.__version__,
-                        "python": platform.python_version(), "commit": bt.commit(),
-                        "timestamp": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            out.append(bt.result_row(name, family, label, kwargs, n, seed, s, seconds, extra={
+                "rounds": round(steps, 3), "tokens_per_round": round(G / steps, 3),
+                "positions": round(positions, 1),
+                "positions_vs_k1": round(positions / base_positions, 3)}))
             r = out[-1]
             print(f"{head} acc {r['acc']:6.2f} [{r['ci_lo']:.1f}, {r['ci_hi']:.1f}] NFE "
                   f"{r['nfe']:5.2f} rounds {r['rounds']:5.2f} positions x{r['positions_vs_k1']:.2f}"

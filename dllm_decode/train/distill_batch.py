@@ -33,6 +33,26 @@ def left_padded(prompts: list[list[int]], region: Tensor, width: int, pad_id: in
     return tokens, valid
 
 
+def batch_prompts(tokens: Tensor, valid: Tensor, width: int,
+                  rows: Tensor | None = None) -> list[list[int]]:
+    """The prompts of a ``left_padded`` batch (its inverse): the valid ids before ``width`` of
+    ``tokens [B, width + G]`` (``valid [B, width + G]``), of the rows ``rows`` (default: all)."""
+    picked = range(tokens.shape[0]) if rows is None else rows.tolist()
+    return [tokens[i, :width][valid[i, :width]].tolist() for i in picked]
+
+
+def draw_answers(cfg: DistillConfig, oracle: WaitingLineOracle, step: int, rng: random.Random
+                 ) -> tuple[list[list[int]], list[Tensor], Tensor]:
+    """One step's training prompts (``draw_training_examples``), their answer tables and one
+    answer per row drawn from its table by ``rng``: ``(prompts, tables [n_i, G], answers
+    [B, G])``."""
+    examples = draw_training_examples(cfg.seed, step, cfg.batch_size, cfg.task_weights())
+    prompts = [oracle.encode_prompt(task, rec) for task, rec in examples]
+    tables = [oracle.answer_table(p, TESTBED_GEN_LENGTH) for p in prompts]
+    answers = torch.stack([t[rng.randrange(len(t))] for t in tables])
+    return prompts, tables, answers
+
+
 def answer_masks(answers: Tensor, first_name: int, cfg: DistillConfig,
                  gen: torch.Generator) -> Tensor:
     """Masked positions ``[B, G]`` (bool, at least one per row) of the three modes."""
@@ -67,12 +87,9 @@ def make_batch(cfg: DistillConfig, oracle: WaitingLineOracle, step: int
         return scramble_batch(cfg, oracle, step)
     if step < cfg.warm_steps:
         cfg = dataclasses.replace(cfg, suffix_frac=1.0, structure_frac=0.0)
-    examples = draw_training_examples(cfg.seed, step, cfg.batch_size, cfg.task_weights())
     rng = random.Random(f"{cfg.seed}:{step}:answer")
     gen = torch.Generator().manual_seed((cfg.seed << 32) + step)
-    prompts = [oracle.encode_prompt(task, rec) for task, rec in examples]
-    tables = [oracle.answer_table(p, g) for p in prompts]
-    answers = torch.stack([t[rng.randrange(len(t))] for t in tables])
+    prompts, tables, answers = draw_answers(cfg, oracle, step, rng)
     masked = answer_masks(answers, oracle._first_name, cfg, gen)
     region = torch.where(masked, oracle.mask_token_id, answers)
     targets = torch.cat([oracle.marginals(t, r[None]) for t, r in zip(tables, region,

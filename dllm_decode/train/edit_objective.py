@@ -44,6 +44,7 @@ from torch import Tensor
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.models.sparse_moe import Router
 from dllm_decode.models.uniform_oracle import noisy_posterior
+from dllm_decode.train.distill_batch import batch_prompts
 from dllm_decode.train.onpolicy import rollout_states
 
 #: points of the uniform grid over the corruption rate that the posterior averages over
@@ -78,10 +79,6 @@ def edit_targets(oracle: WaitingLineOracle, prompts: list[list[int]], region: Te
         for prompt, row, k in zip(prompts, region, known, strict=True)]).float()
 
 
-def _prompts(tokens: Tensor, valid: Tensor, rows: Tensor, width: int) -> list[list[int]]:
-    return [tokens[i, :width][valid[i, :width]].tolist() for i in rows.tolist()]
-
-
 def editing_rows(cfg: Any, oracle: WaitingLineOracle, tokens: Tensor, valid: Tensor,
                  masked: Tensor, targets: Tensor, width: int, step: int
                  ) -> tuple[Tensor, Tensor, Tensor]:
@@ -108,7 +105,7 @@ def editing_rows(cfg: Any, oracle: WaitingLineOracle, tokens: Tensor, valid: Ten
     targets = targets.clone()
     picked = rows.nonzero().flatten()
     if picked.numel():
-        targets[picked] = edit_targets(oracle, _prompts(tokens, valid, picked, width),
+        targets[picked] = edit_targets(oracle, batch_prompts(tokens, valid, width, picked),
                                        region[picked], visible[picked], cfg.edit_rate)
     return tokens, supervised, targets
 
@@ -132,8 +129,8 @@ def draft_rows(model: Any, cfg: Any, oracle: WaitingLineOracle, tokens: Tensor, 
     supervised, targets = supervised.clone(), targets.clone()
     tokens[rows, width:], valid[rows, width:] = region, True
     supervised[rows] = True
-    targets[rows] = edit_targets(oracle, _prompts(tokens, valid, rows, width), region, known,
-                                 cfg.edit_rate)
+    targets[rows] = edit_targets(oracle, batch_prompts(tokens, valid, width, rows), region,
+                                 known, cfg.edit_rate)
     return tokens, valid, supervised, targets
 
 

@@ -27,6 +27,7 @@ import torch
 from torch import Tensor
 
 from dllm_decode.models.oracle import WaitingLineOracle
+from dllm_decode.train.distill_batch import batch_prompts
 
 
 def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
@@ -68,7 +69,7 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     # drawn only when asked, so runs without it keep their rows and stops
     hard_rows = torch.rand(n, generator=gen) < hard if hard else torch.zeros(n, dtype=torch.bool)
     out, states = rollout_states(model, tokens[rows, :p], valid[rows, :p], g, per_step)
-    prompts = [tokens[i, :p][valid[i, :p]].tolist() for i in rows.tolist()]
+    prompts = batch_prompts(tokens, valid, p, rows)
     tables = [oracle.answer_table(prompt, g) for prompt in prompts]
     regions = []
     for row, table in enumerate(tables):

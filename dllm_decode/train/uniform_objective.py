@@ -43,8 +43,13 @@ from torch.nn import functional as F
 from dllm_decode.models.diffusion_gemma import DiffusionGemmaModel
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.models.uniform_oracle import ALPHAS, noisy_posterior
-from dllm_decode.train.distill_batch import left_padded, scramble_batch
-from dllm_decode.train.testbed import TESTBED_GEN_LENGTH, draw_training_examples
+from dllm_decode.train.distill_batch import (
+    batch_prompts,
+    draw_answers,
+    left_padded,
+    scramble_batch,
+)
+from dllm_decode.train.testbed import TESTBED_GEN_LENGTH
 
 #: the corruption level's lower bound (``dllm.eps`` of the reference recipe)
 EPS = 1e-3
@@ -124,15 +129,11 @@ def uniform_batch(cfg: Any, oracle: WaitingLineOracle, step: int
     gen = torch.Generator().manual_seed((cfg.seed << 32) + step + NOISE_SALT)
     if step < cfg.scramble_steps:  # copies of random name lists: the only way down is to copy
         tokens, valid, _, onehot, width = scramble_batch(cfg, oracle, step)
-        prompts = [row[:width][ok[:width]].tolist() for row, ok in zip(tokens, valid,
-                                                                        strict=True)]
+        prompts = batch_prompts(tokens, valid, width)
         answers = onehot.argmax(-1)
         tables = [a[None] for a in answers]  # one valid answer each
     else:
-        examples = draw_training_examples(cfg.seed, step, cfg.batch_size, cfg.task_weights())
-        prompts = [oracle.encode_prompt(task, rec) for task, rec in examples]
-        tables = [oracle.answer_table(p, g) for p in prompts]
-        answers = torch.stack([t[rng.randrange(len(t))] for t in tables])
+        prompts, tables, answers = draw_answers(cfg, oracle, step, rng)
     b = len(prompts)
     t = EPS + (1 - EPS) * torch.rand(b, 1, generator=gen)
     hit = torch.rand(b, g, generator=gen) < t
