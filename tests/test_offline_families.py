@@ -1,5 +1,6 @@
 """Every family runs offline on a CPU from the command line: the README's "Without the Hub"
-commands (``--token-ids``, ``--mask-token-id``) on the reference-format tiny checkpoints."""
+commands (``--token-ids``, ``--mask-token-id``) on the reference-format tiny checkpoints, and
+the bundled test-bed model of LLaDA2.x on a test-bed prompt."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ def test_the_section_covers_every_family_with_a_checkpoint_there() -> None:
                  "diffusiongemma-tiny"):
         assert f"../shared/conformance/{name}" in commands, name
     assert "--policy llada21" in commands
+    assert "--model testbed-llada2" in commands
     assert "`--model tiny-sdar`" in (ROOT / "README.md").read_text()
 
 
@@ -41,9 +43,13 @@ def test_readme_offline_command_runs(command, monkeypatch, capfd) -> None:
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     assert cli.main(argv) == 0, capfd.readouterr().err
     out, err = capfd.readouterr()
+    assert "tokens/forward=" in err
+    if "--token-ids" not in argv:  # a bundled test-bed model: its tokenizer, the list format
+        assert out.splitlines()[0] == '["Carl Bell", "Bruno Adler", "Amelia Abbott"]', out
+        return
     ids = out.split()
     assert ids and all(i.isdigit() for i in ids) and len(ids) <= 16, out
-    assert "(token ids)" in err and "tokens/forward=" in err
+    assert "(token ids)" in err
 
 
 def test_a_checkpoint_without_a_usable_mask_id_names_the_flags(monkeypatch, capsys) -> None:

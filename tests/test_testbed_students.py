@@ -311,3 +311,32 @@ def test_uniform_noise_and_self_conditioning_rows_are_as_specified() -> None:
         rows = uniform_batch(DistillConfig(family="gemma", batch_size=8, self_cond=share),
                              oracle, step)[4]
         assert (rows == expect).all()
+
+
+def test_name_noise_rows_corrupt_names_only_with_their_exact_posterior() -> None:
+    """``--name-noise-frac``: those rows keep every list symbol and EOS clean, corrupt names at
+    the row's rate, and their targets are the posterior with only the name positions as
+    evidence; with the share 0 the batch is the release recipe's, draw for draw."""
+    from dllm_decode.train.uniform_objective import uniform_batch
+
+    oracle = waiting_line_oracle()
+    v, first = oracle.vocab_size, oracle._first_name
+    step = DistillConfig(family="gemma").scramble_steps + 1
+    plain = uniform_batch(DistillConfig(family="gemma", batch_size=64, seed=3), oracle, step)
+    zero = uniform_batch(DistillConfig(family="gemma", batch_size=64, seed=3,
+                                       name_noise_frac=0.0), oracle, step)
+    assert all(torch.equal(a, b) for a, b in zip(plain[:5], zero[:5], strict=True))
+    cfg = DistillConfig(family="gemma", batch_size=64, seed=3, name_noise_frac=1.0)
+    clean, valid, canvas, targets, _, width = uniform_batch(cfg, oracle, step)
+    answers = clean[:, width:]
+    names = answers >= first
+    assert torch.equal(canvas[~names], answers[~names])
+    assert (canvas[names] != answers[names]).float().mean() > 0.3
+    keep = torch.tensor(ALPHAS, dtype=torch.float64)
+    for i in range(3):
+        prompt = clean[i, :width][valid[i, :width]].tolist()
+        table = oracle.answer_table(prompt, G)
+        want = noisy_posterior(table, canvas[i:i + 1], keep, v, known=names[i:i + 1])
+        assert torch.equal(targets[i:i + 1], want.float())
+    with pytest.raises(ValueError, match="name_noise_frac"):
+        DistillConfig(family="gemma", name_noise_frac=1.5)

@@ -99,6 +99,10 @@ class DistillConfig:
     self_cond: float = 0.5
     #: gemma: weight of the encoder's causal-LM loss on the clean sequence
     encoder_loss_weight: float = 1.0
+    #: gemma: share of rows whose corruption hits name positions only (list symbols and EOS
+    #: stay clean: the states the re-noising sampler visits once it has accepted them; the
+    #: uniform counterpart of the mask objective's ``structure`` rows); 0: the release recipe
+    name_noise_frac: float = 0.0
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
@@ -106,7 +110,7 @@ class DistillConfig:
                              f"got {self.family!r}")
         if self.family in ("llada2", "gemma") and not 1 <= self.top_k <= self.experts:
             raise ValueError(f"top_k must lie in [1, experts={self.experts}], got {self.top_k}")
-        for name in ("edit_frac", "mtf_frac", "self_cond"):
+        for name in ("edit_frac", "mtf_frac", "self_cond", "name_noise_frac"):
             if not 0 <= getattr(self, name) <= 1:
                 raise ValueError(f"{name} must lie in [0, 1], got {getattr(self, name)}")
         if not 0 < self.edit_rate <= 1:
