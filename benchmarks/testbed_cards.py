@@ -123,8 +123,8 @@ def card(name: str, directory: Path, run_dirs: list[Path], parallel: str,
     runs = [json.loads((d / "run.json").read_text()) for d in run_dirs]
     uniform = "text_config" in config
     stages = [f"{i + 1}. `{r['command']}` ({r['steps_done']} steps, "
-              f"{r.get('cpu_s', r['wall_s']) / 60:.0f} CPU min, {r['wall_s'] / 60:.0f} wall min)"
-              for i, r in enumerate(runs)]
+              + (f"{r['cpu_s'] / 60:.0f} CPU min, " if "cpu_s" in r else "")
+              + f"{r['wall_s'] / 60:.0f} wall min)" for i, r in enumerate(runs)]
     cpu = sum(r.get("cpu_s", r["wall_s"]) for r in runs) / 60
     params = runs[-1]["parameters"] / 1e6
     recipe = ("DiffusionGemma's recipe (`dllm_decode/train/uniform_objective.py`): uniform "

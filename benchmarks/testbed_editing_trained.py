@@ -32,7 +32,12 @@ import torch
 
 from dllm_decode.bench import write_rows
 from dllm_decode.policies.editing import MinimalTopK
-from dllm_decode.train.testbed import RANDOM_TASKS, TESTBED_TASKS, waiting_line_oracle
+from dllm_decode.train.testbed import (
+    RANDOM_TASKS,
+    TESTBED_GEN_LENGTH,
+    TESTBED_TASKS,
+    waiting_line_oracle,
+)
 from dllm_decode.train.testbed_eval import decode_tasks
 
 ROOT = Path(__file__).parent
@@ -43,7 +48,7 @@ NOEDIT = str(ROOT / "training" / "testbed-llada2-noedit" / "model")
 MODELS = {"testbed-llada2": "editing-trained", NOEDIT: "editing-free"}
 #: (label, preset, parameters given k)
 DECODERS: tuple[tuple[str, str, Any], ...] = (
-    ("low_confidence", "low_confidence", lambda k: {"steps": 16 // k}),
+    ("low_confidence", "low_confidence", lambda k: {"steps": TESTBED_GEN_LENGTH // k}),
     ("llada2", "minimal_topk", lambda k: {"min_commit": k}),
     ("llada21 quality", "llada21", lambda k: {"mode": "quality", "num_to_transfer": k}),
     ("llada21 speed", "llada21", lambda k: {"mode": "speed", "num_to_transfer": k}),

@@ -1,9 +1,9 @@
 """The bundled test-bed checkpoint of the 2026 families (``testbed-llada2``; a trained
 DiffusionGemma student, ``testbed-gemma``, joins ``NAMES`` when it is bundled).
 
-It loads offline by name in its released format, ship the test bed's tokenizer and a model
-card, decode held-out prompts (a generator seed no card or benchmark uses) with the family's
-default preset, and print answers in the benchmark's list format through ``generate_text`` and
+It loads offline by name in its released format, ships the test bed's tokenizer and a model
+card, decodes held-out prompts (a generator seed no card or benchmark uses) with the family's
+default preset, and prints answers in the benchmark's list format through ``generate_text`` and
 the CLI. The accuracy floors are below the cards' measured 50-prompt numbers by a margin, so a
 CPU whose fp32 rounding flips one close decision still passes; the cards hold the exact numbers.
 """

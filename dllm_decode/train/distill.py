@@ -306,7 +306,7 @@ def export_checkpoint(run_dir: str | Path, directory: str | Path) -> dict[str, A
                               parameters=sum(p.numel() for p in untie(model).parameters()),
                               vocab_size=oracle.vocab_size, steps_done=state["step"],
                               wall_s=state["wall_s"], threads=cfg.threads,
-                              eval_schedule=schedule)
+                              eval_schedule=schedule, cpu_s=state.get("cpu_s"))
 
 
 def parse_args(argv: list[str] | None) -> DistillConfig:
