@@ -30,8 +30,12 @@ from typing import Any
 import torch
 
 from dllm_decode.bench import write_rows
-from dllm_decode.train.testbed import RANDOM_TASKS, TESTBED_GEN_LENGTH, TESTBED_TASKS
-from dllm_decode.train.testbed import waiting_line_oracle
+from dllm_decode.train.testbed import (
+    RANDOM_TASKS,
+    TESTBED_GEN_LENGTH,
+    TESTBED_TASKS,
+    waiting_line_oracle,
+)
 from dllm_decode.train.testbed_eval import decode_tasks
 
 RESULTS = Path(__file__).parent / "results"
