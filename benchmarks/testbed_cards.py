@@ -135,6 +135,10 @@ def card(name: str, directory: Path, run_dirs: list[Path], parallel: str,
                             "only (list symbols and EOS clean, `--name-noise-frac`: the states "
                             "the sampler visits once it has accepted the list symbols)"
                             if (nn := runs[-1]["config"].get("name_noise_frac", 0.0)) else "")
+              + (f"; on {op:.0%} of the rows the canvases the student's own `gemma_renoise` "
+                 "decode of training prompts fed it, the exact posterior as target (on-policy, "
+                 "`dllm_decode/train/uniform_onpolicy.py`)"
+                 if (op := runs[-1]["config"].get("onpolicy_frac", 0.0)) else "")
               if uniform else
               "LLaDA2.1's mixture (`dllm_decode/train/edit_objective.py`): the mask stream "
               "(soft targets: the oracle's exact conditionals) plus, unless `--no-editing`, the "

@@ -30,7 +30,7 @@ def test_the_section_covers_every_family_with_a_checkpoint_there() -> None:
                  "diffusiongemma-tiny"):
         assert f"../shared/conformance/{name}" in commands, name
     assert "--policy llada21" in commands
-    assert "--model testbed-llada2" in commands
+    assert "--model testbed-llada2" in commands and "--model testbed-gemma" in commands
     assert "`--model tiny-sdar`" in (ROOT / "README.md").read_text()
 
 

@@ -1,5 +1,5 @@
-"""The bundled test-bed checkpoint of the 2026 families (``testbed-llada2``; a trained
-DiffusionGemma student, ``testbed-gemma``, joins ``NAMES`` when it is bundled).
+"""The bundled test-bed checkpoints of the 2026 families (``testbed-llada2``, a masked
+LLaDA2.x student; ``testbed-gemma``, a uniform-noise DiffusionGemma student).
 
 It loads offline by name in its released format, ships the test bed's tokenizer and a model
 card, decodes held-out prompts (a generator seed no card or benchmark uses) with the family's
@@ -17,7 +17,7 @@ import pytest
 from dllm_decode.train.testbed import RANDOM_TASKS, TESTBED_GEN_LENGTH, waiting_line_oracle
 from dllm_decode.train.testbed_eval import decode_tasks
 
-NAMES = ("testbed-llada2",)
+NAMES = ("testbed-llada2", "testbed-gemma")
 PROMPT = "<reverse> [ Amelia Abbott , Bruno Adler , Carl Bell ] " + "<fill> " * 4 + "<answer>"
 REVERSED = '["Carl Bell", "Bruno Adler", "Amelia Abbott"]'
 #: held-out prompts per task and a generator seed offset the cards and benchmarks do not use
@@ -49,20 +49,31 @@ def test_bundled_checkpoint_is_a_release_format_directory(name: str) -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_default_preset_answers_held_out_prompts(name: str, one_thread: None) -> None:
-    """The family default through ``DiffusionSampler(model)``. LLaDA2.0's ``llada2`` preset
-    commits at least two tokens a step on a 16-token answer (its schedule is per block of 32)
-    and every position above 0.95: the deterministic tasks hold; the dependent (random) tasks
-    show the test bed's parallel drop, as they do for the exact oracle at k >= 2."""
+    """The family default through ``DiffusionSampler(model)``.
+
+    ``testbed-llada2``: LLaDA2.0's ``llada2`` preset commits at least two tokens a step on a
+    16-token answer (its schedule is per block of 32) and every position above 0.95: the
+    deterministic tasks hold; the dependent (random) tasks show the test bed's parallel drop, as
+    they do for the exact oracle at k >= 2. ``testbed-gemma``: ``gemma_renoise`` as released
+    (48 steps, early stop; its entropy bound accepts about one uncertain name a step) answers
+    the dependent tasks too; it samples, so those get 20 prompts and a floor far under the
+    card's 50-prompt numbers (86-98 %)."""
     from dllm_decode import load_model
 
     model = load_model(name)
+    uniform = name == "testbed-gemma"
     rows = decode_tasks(model, waiting_line_oracle(), N, seed=SEED, policy=None, steps=None,
-                        sample_seed=0 if name == "testbed-gemma" else None)
+                        sample_seed=0 if uniform else None)
     for task in rows:
         if task not in RANDOM_TASKS:
             assert accuracy(rows, task) >= 90, task
     nfe = [r["nfe"] for task in rows for r in rows[task]]
-    assert max(nfe) <= TESTBED_GEN_LENGTH // 2
+    assert max(nfe) <= (48 if uniform else TESTBED_GEN_LENGTH // 2)
+    if uniform:
+        rows = decode_tasks(model, waiting_line_oracle(), 2 * N, seed=SEED, policy=None,
+                            steps=None, sample_seed=0, tasks=RANDOM_TASKS)
+        for task in RANDOM_TASKS:
+            assert accuracy(rows, task) >= 60, task
 
 
 def test_one_token_per_step_answers_the_dependent_tasks(one_thread: None) -> None:

@@ -176,7 +176,8 @@ def test_students_train_resume_exactly_and_export_release_formats(
     from dllm_decode.train.distill import distill
     from dllm_decode.train.state import STATE_FILE, load_state
 
-    extra = {"mtf_frac": 0.25, "tie_embeddings": True} if family == "llada2" else {}
+    extra = ({"mtf_frac": 0.25, "tie_embeddings": True} if family == "llada2" else
+             {"onpolicy_frac": 0.5, "rollout_every": 2})  # gemma: its own sampler's canvases
     common = dict(family=family, **SMALL, **extra)
     distill(DistillConfig(out=str(tmp_path / "a"), steps=4, **common))
     distill(DistillConfig(out=str(tmp_path / "b"), steps=2, **common))
@@ -340,3 +341,58 @@ def test_name_noise_rows_corrupt_names_only_with_their_exact_posterior() -> None
         assert torch.equal(targets[i:i + 1], want.float())
     with pytest.raises(ValueError, match="name_noise_frac"):
         DistillConfig(family="gemma", name_noise_frac=1.5)
+
+
+def test_gemma_onpolicy_rows_are_the_students_own_canvases() -> None:
+    """``--onpolicy-frac`` for gemma (``train/uniform_onpolicy.py``): one rollout of the
+    student's ``gemma_renoise`` decode serves ``rollout_every`` steps and records every canvas it
+    decoded (the first is the sampler's fresh noise, later ones hold its accepted samples); the
+    drawn states replace the batch's first rows, with the exact posterior of each canvas as
+    target and one valid answer behind each prompt in the encoder's clean sequence."""
+    from dllm_decode import DiffusionSampler
+    from dllm_decode.eval.runner import left_pad
+    from dllm_decode.train.distill import build_student
+    from dllm_decode.train.uniform_objective import uniform_batch
+    from dllm_decode.train.uniform_onpolicy import Rollouts
+
+    oracle = waiting_line_oracle()
+    v = oracle.vocab_size
+    cfg = DistillConfig(family="gemma", **{**SMALL, "ckpt_every": 4}, onpolicy_frac=0.5,
+                        onpolicy_k=2, rollout_every=4)
+    model = build_student(cfg, oracle)
+    rollouts = Rollouts()
+    rollouts.refresh(model, cfg, oracle, 5)
+    first = rollouts.canvases
+    assert rollouts.step == 4 and first.shape == (G // 2, 4, G)  # 8 steps of 4 prompts
+    rollouts.refresh(model, cfg, oracle, 7)  # the same period: no new rollout
+    assert rollouts.canvases is first
+    # the recorded canvases are the ones the sampler decodes: rerun it, same seed
+    ids, attn = left_pad(rollouts.prompts, oracle.pad_token_id)
+    seen: list[torch.Tensor] = []
+    DiffusionSampler(model, "gemma_renoise", gen_length=G, steps=G // 2,
+                     early_stop=False).generate(
+        ids, attn, seed=(cfg.seed << 32) + 4 + 0x0B0C,
+        on_step=lambda state, _: seen.append(state.canvas[:, -G:].clone()))
+    assert torch.equal(torch.stack(seen), first)
+    assert all(torch.equal(t, oracle.answer_table(p, G))
+               for p, t in zip(rollouts.prompts, rollouts.tables, strict=True))
+    rollouts.refresh(model, cfg, oracle, 8)  # the next period: a new rollout
+    assert rollouts.step == 8 and not torch.equal(rollouts.canvases, first)
+
+    prompts, tables, canvases = rollouts.draw(2, cfg, 9)
+    assert len(prompts) == len(tables) == 2 and canvases.shape == (2, G)
+    clean, valid, canvas, targets, _, width = uniform_batch(cfg, oracle, 9,
+                                                            (prompts, tables, canvases))
+    assert torch.equal(canvas[:2], canvases)
+    keep = torch.tensor(ALPHAS, dtype=torch.float64)
+    for i in range(2):
+        assert clean[i, :width][valid[i, :width]].tolist() == prompts[i]
+        assert (tables[i] == clean[i, width:]).all(-1).any()  # a valid answer
+        want = noisy_posterior(tables[i], canvases[i:i + 1], keep, v)
+        assert torch.equal(targets[i:i + 1], want.float())
+    plain = uniform_batch(cfg, oracle, 9)
+    assert torch.equal(canvas[2:], plain[2][2:])  # the other rows are the i.i.d. rows
+    with pytest.raises(ValueError, match="multiple of rollout_every"):
+        DistillConfig(family="gemma", onpolicy_frac=0.5, rollout_every=30)
+    with pytest.raises(ValueError, match="onpolicy_hard"):
+        DistillConfig(family="gemma", onpolicy_frac=0.5, onpolicy_hard=0.5)

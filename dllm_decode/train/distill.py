@@ -62,6 +62,7 @@ from dllm_decode.train.onpolicy import onpolicy_rows
 from dllm_decode.train.state import LEGACY_FILE, STATE_FILE, load_state, save_state, state_path
 from dllm_decode.train.testbed import waiting_line_oracle
 from dllm_decode.train.uniform_objective import uniform_batch, uniform_loss
+from dllm_decode.train.uniform_onpolicy import Rollouts
 
 LOG_COLUMNS = ("step", "loss", "kl", "lr", "wall_s")
 
@@ -97,11 +98,17 @@ def build_student(cfg: DistillConfig, oracle: WaitingLineOracle) -> Any:
 
 
 def step_loss(model: Any, cfg: DistillConfig, oracle: WaitingLineOracle, step: int,
-              balance: ExpertBalance | None = None) -> tuple[Tensor, Tensor]:
+              balance: ExpertBalance | None = None, rollouts: Rollouts | None = None
+              ) -> tuple[Tensor, Tensor]:
     """One step's ``(loss, KL to the targets)``: the family's batch and objective (the mask
-    families' soft targets, LLaDA2.1's editing mixture, DiffusionGemma's uniform noise)."""
+    families' soft targets, LLaDA2.1's editing mixture, DiffusionGemma's uniform noise;
+    ``rollouts``: its on-policy canvases, ``train/uniform_onpolicy.py``)."""
     if cfg.family == "gemma":
-        batch = uniform_batch(cfg, oracle, step)
+        onpolicy = None
+        if rollouts is not None and cfg.onpolicy_frac and step >= cfg.scramble_steps:
+            rollouts.refresh(model, cfg, oracle, step)
+            onpolicy = rollouts.draw(round(cfg.onpolicy_frac * cfg.batch_size), cfg, step)
+        batch = uniform_batch(cfg, oracle, step, onpolicy)
         return uniform_loss(model, *batch, encoder_loss_weight=cfg.encoder_loss_weight)
     tokens, valid, masked, targets, p = make_batch(cfg, oracle, step)
     if cfg.onpolicy_frac and step >= cfg.scramble_steps:  # the student's own states
@@ -170,6 +177,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
     averaged = ema.applied if ema is not None else contextlib.nullcontext
     balance = ExpertBalance(model, cfg.bias_update) if cfg.family == "llada2" and \
         cfg.bias_update else None
+    rollouts = Rollouts() if cfg.family == "gemma" and cfg.onpolicy_frac else None
     (out / "distill_config.json").write_text(json.dumps(dataclasses.asdict(cfg), indent=2))
     params = sum(p.numel() for p in model.parameters())
     print(f"[testbed] {cfg.family}: {params / 1e6:.2f}M parameters, vocab "
@@ -180,7 +188,7 @@ def distill(cfg: DistillConfig) -> dict[str, Any]:
     for step in range(start, cfg.steps):
         for group in opt.param_groups:
             group["lr"] = lr_at(step, cfg)
-        loss, kl = step_loss(model, cfg, oracle, step, balance)
+        loss, kl = step_loss(model, cfg, oracle, step, balance, rollouts)
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.grad_clip)

@@ -57,8 +57,12 @@ class DistillConfig:
     eos_cut_frac: float = 0.0
     onpolicy_frac: float = 0.0
     #: tokens per step of the on-policy rollouts (1: one token per step; 4 / 8: the states a
-    #: parallel ``low_confidence`` decode visits, where its joint commits are decided)
+    #: parallel ``low_confidence`` decode visits, where its joint commits are decided; gemma:
+    #: ``gemma_renoise`` with ``16 / k`` denoising steps)
     onpolicy_k: int = 1
+    #: gemma: steps served by one on-policy rollout of ``batch_size`` prompts
+    #: (``train/uniform_onpolicy.py``); ``ckpt_every`` must be a multiple, so resume is exact
+    rollout_every: int = 25
     #: share of the on-policy rows stopped at the rollout's first disagreement with the
     #: oracle's argmax instead of a random step (``onpolicy.first_disagreement``)
     onpolicy_hard: float = 0.0
@@ -117,8 +121,8 @@ class DistillConfig:
             raise ValueError(f"edit_rate must lie in (0, 1], got {self.edit_rate}")
         if self.mtf_k < 1 or self.bias_update < 0 or self.encoder_loss_weight < 0:
             raise ValueError("mtf_k must be >= 1, bias_update and encoder_loss_weight >= 0")
-        if self.family == "gemma" and (self.onpolicy_frac or self.eos_cut_frac):
-            raise ValueError("gemma trains on uniform noise: onpolicy_frac and eos_cut_frac "
+        if self.family == "gemma" and (self.onpolicy_hard or self.eos_cut_frac):
+            raise ValueError("gemma trains on uniform noise: onpolicy_hard and eos_cut_frac "
                              "(mask-model aids) do not apply")
         if not 0 <= self.suffix_frac + self.structure_frac <= 1:
             raise ValueError("suffix_frac + structure_frac must lie in [0, 1]")
@@ -132,6 +136,12 @@ class DistillConfig:
             raise ValueError(f"onpolicy_hard must lie in [0, 1], got {self.onpolicy_hard}")
         if self.onpolicy_k < 1:
             raise ValueError(f"onpolicy_k must be >= 1, got {self.onpolicy_k}")
+        if self.rollout_every < 1:
+            raise ValueError(f"rollout_every must be >= 1, got {self.rollout_every}")
+        if self.family == "gemma" and self.onpolicy_frac and self.ckpt_every % self.rollout_every:
+            raise ValueError(f"ckpt_every ({self.ckpt_every}) must be a multiple of "
+                             f"rollout_every ({self.rollout_every}) with gemma's on-policy rows, "
+                             "so that a resumed run rolls out with the same weights")
         if not 0 <= self.ema < 1:
             raise ValueError(f"ema must lie in [0, 1) (0: off), got {self.ema}")
         if not self.log_error_weight >= 0:

@@ -127,12 +127,16 @@ def self_conditioning(model: DiffusionGemmaModel, logits: Tensor, rows: Tensor) 
     return soft * rows[:, None, None].to(soft.dtype)
 
 
-def uniform_batch(cfg: Any, oracle: WaitingLineOracle, step: int
+def uniform_batch(cfg: Any, oracle: WaitingLineOracle, step: int,
+                  onpolicy: tuple[list[list[int]], list[Tensor], Tensor] | None = None
                   ) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor, int]:
     """One step's rows: ``(clean [B, W + G], valid [B, W + G], canvas [B, G], targets [B, G,
     V] float32, self-conditioned rows [B] bool, W)``. A function of ``(seed, step)``. The first
     ``scramble_steps`` copy random name lists (the test bed's scrambled-copy warm-up,
-    ``train/README.md``), the same corruption on top."""
+    ``train/README.md``), the same corruption on top. ``onpolicy``: ``(prompts, answer
+    tables, canvases [n, G])`` that replace the first ``n`` rows (``train/uniform_onpolicy``:
+    the student's own sampler's canvases; the clean sequence the encoder reads takes one valid
+    answer of each)."""
     g, v = TESTBED_GEN_LENGTH, oracle.vocab_size
     rng = random.Random(f"{cfg.seed}:{step}:answer")
     gen = torch.Generator().manual_seed((cfg.seed << 32) + step + NOISE_SALT)
@@ -153,6 +157,12 @@ def uniform_batch(cfg: Any, oracle: WaitingLineOracle, step: int
         name_rows = torch.rand(b, generator=gen) < cfg.name_noise_frac
         known = ~name_rows[:, None] | (answers >= oracle._first_name)
         canvas = torch.where(known, canvas, answers)  # list symbols and EOS left clean
+    if onpolicy is not None:
+        on_prompts, on_tables, on_canvas = onpolicy
+        n = len(on_prompts)
+        prompts[:n], tables[:n] = on_prompts, on_tables
+        answers[:n] = torch.stack([t[rng.randrange(len(t))] for t in on_tables])
+        canvas[:n], known[:n] = on_canvas, True
     keep = torch.tensor(ALPHAS, dtype=torch.float64)
     targets = torch.cat([noisy_posterior(table, row[None], keep, v, known=k[None])
                          for table, row, k in zip(tables, canvas, known, strict=True)]).float()
