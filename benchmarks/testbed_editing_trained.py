@@ -84,19 +84,18 @@ def run(models: list[str], n: int, seed: int) -> list[dict[str, Any]]:
     return out
 
 
-def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (model, decoder, k): mean accuracy over the random (dependent) tasks, over all
-    nine, mean NFE and edits per answer."""
+def summary(rows: list[dict[str, Any]], keys: tuple[str, ...] = ("model", "decoder", "k"),
+            means: tuple[str, ...] = ("nfe", "edits")) -> list[dict[str, Any]]:
+    """Per distinct ``keys`` of ``rows`` (default: model, decoder, k): mean accuracy over the
+    random (dependent) tasks (``random``), over all nine (``all``), and the mean of each of
+    ``means`` (default: NFE and edits per answer)."""
     out = []
-    keys = dict.fromkeys((r["model"], r["decoder"], r["k"]) for r in rows)
-    for m, d, k in keys:
-        sel = [r for r in rows if (r["model"], r["decoder"], r["k"]) == (m, d, k)]
+    for key in dict.fromkeys(tuple(r[k] for k in keys) for r in rows):
+        sel = [r for r in rows if tuple(r[k] for k in keys) == key]
         rnd = [r["accuracy"] for r in sel if r["task"] in RANDOM_TASKS]
-        out.append({"model": m, "decoder": d, "k": k,
-                    "random": sum(rnd) / len(rnd),
+        out.append({**dict(zip(keys, key, strict=True)), "random": sum(rnd) / len(rnd),
                     "all": sum(r["accuracy"] for r in sel) / len(sel),
-                    "nfe": sum(r["nfe"] for r in sel) / len(sel),
-                    "edits": sum(r["edits"] for r in sel) / len(sel)})
+                    **{m: sum(r[m] for r in sel) / len(sel) for m in means}})
     return out
 
 
@@ -106,14 +105,19 @@ def markdown(rows: list[dict[str, Any]]) -> str:
              "edits / answer |", "|---|---|---|---|---|---|---|"]
     lines += [f"| {s['model']} | {s['decoder']} | {s['k']} | {s['random']:.1f} | "
               f"{s['all']:.1f} | {s['nfe']:.2f} | {s['edits']:.2f} |" for s in summary(rows)]
-    lines += ["", "| model | decoder | k | " + " | ".join(TESTBED_TASKS) + " |",
-              "|---|---|---|" + "---|" * len(TESTBED_TASKS)]
-    keys = dict.fromkeys((r["model"], r["decoder"], r["k"]) for r in rows)
-    by = {(r["model"], r["decoder"], r["k"], r["task"]): r for r in rows}
-    for m, d, k in keys:
-        cells = [f"{by[m, d, k, t]['accuracy']:.0f}" for t in TESTBED_TASKS]
-        lines.append(f"| {m} | {d} | {k} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *task_table(rows, ("model", "decoder", "k"))])
+
+
+def task_table(rows: list[dict[str, Any]], keys: tuple[str, ...]) -> list[str]:
+    """Markdown lines: valid answers % per task, one line per distinct ``keys`` of ``rows``
+    (each row one task's ``accuracy``)."""
+    lines = ["| " + " | ".join(keys) + " | " + " | ".join(TESTBED_TASKS) + " |",
+             "|" + "---|" * (len(keys) + len(TESTBED_TASKS))]
+    by = {(*(r[k] for k in keys), r["task"]): r for r in rows}
+    for key in dict.fromkeys(tuple(r[k] for k in keys) for r in rows):
+        cells = [f"{by[(*key, t)]['accuracy']:.0f}" for t in TESTBED_TASKS]
+        lines.append("| " + " | ".join(map(str, key)) + " | " + " | ".join(cells) + " |")
+    return lines
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:

@@ -24,19 +24,24 @@ NFE), draws ``results/testbed_uniform_trained.png`` and prints the markdown tabl
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from dllm_decode.bench import write_rows
-from dllm_decode.train.testbed import (
-    RANDOM_TASKS,
+sys.path.insert(0, str(Path(__file__).parent))
+
+from testbed_editing_trained import summary as editing_summary  # noqa: E402
+from testbed_editing_trained import task_table  # noqa: E402
+
+from dllm_decode.bench import write_rows  # noqa: E402
+from dllm_decode.train.testbed import (  # noqa: E402
     TESTBED_GEN_LENGTH,
     TESTBED_TASKS,
     waiting_line_oracle,
 )
-from dllm_decode.train.testbed_eval import decode_tasks
+from dllm_decode.train.testbed_eval import decode_tasks  # noqa: E402
 
 RESULTS = Path(__file__).parent / "results"
 G = TESTBED_GEN_LENGTH
@@ -83,16 +88,7 @@ def run(mask_models: list[str], uniform_model: str, n: int, seed: int, seeds: in
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (model, method, budget): mean valid % over the random tasks and all nine, mean NFE."""
-    keys = dict.fromkeys((r["model"], r["method"], r["forwards"]) for r in rows)
-    out = []
-    for key in keys:
-        sel = [r for r in rows if (r["model"], r["method"], r["forwards"]) == key]
-        rnd = [r["accuracy"] for r in sel if r["task"] in RANDOM_TASKS]
-        out.append({"model": key[0], "method": key[1], "forwards": key[2],
-                    "random": sum(rnd) / len(rnd),
-                    "all": sum(r["accuracy"] for r in sel) / len(sel),
-                    "nfe": sum(r["nfe"] for r in sel) / len(sel)})
-    return out
+    return editing_summary(rows, ("model", "method", "forwards"), ("nfe",))
 
 
 def markdown(rows: list[dict[str, Any]]) -> str:
@@ -101,13 +97,7 @@ def markdown(rows: list[dict[str, Any]]) -> str:
              "mean NFE |", "|---|---|---|---|---|---|"]
     lines += [f"| {s['model']} | {s['method']} | {s['forwards']} | {s['random']:.1f} | "
               f"{s['all']:.1f} | {s['nfe']:.2f} |" for s in summary(rows)]
-    lines += ["", "| model | method | N | " + " | ".join(TESTBED_TASKS) + " |",
-              "|---|---|---|" + "---|" * len(TESTBED_TASKS)]
-    by = {(r["model"], r["method"], r["forwards"], r["task"]): r for r in rows}
-    for m, d, k in dict.fromkeys((r["model"], r["method"], r["forwards"]) for r in rows):
-        cells = [f"{by[m, d, k, t]['accuracy']:.0f}" for t in TESTBED_TASKS]
-        lines.append(f"| {m} | {d} | {k} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+    return "\n".join([*lines, "", *task_table(rows, ("model", "method", "forwards"))])
 
 
 def plot(rows: list[dict[str, Any]], path: Path) -> None:
@@ -136,7 +126,7 @@ def plot(rows: list[dict[str, Any]], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--mask-models", nargs="+", default=list(MASK_MODELS))
     ap.add_argument("--uniform-model", default=UNIFORM_MODEL)
@@ -144,13 +134,14 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0, help="held-out generator seed offset")
     ap.add_argument("--seeds", type=int, default=3, help="sampler seeds (uniform model)")
     ap.add_argument("--out", type=Path, default=RESULTS / "testbed_uniform_trained.csv")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     torch.set_num_threads(1)
     rows = run(args.mask_models, args.uniform_model, args.n, args.seed, args.seeds)
     write_rows(rows, args.out)
     plot(rows, args.out.with_suffix(".png"))
     print(markdown(rows))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

@@ -150,3 +150,26 @@ def test_testbed_parallel_draws_checks_every_draw_against_the_oracle(tmp_path, c
         if r["task"] != "shuffle":
             assert r["oracle_ties_mean"] == r["oracle_mean"] and r["within_10_ties"] == "2"
     assert "| oracle | insert_random | 4 |" in capsys.readouterr().out
+
+
+def test_testbed_uniform_trained_runs_each_method_on_its_noise_kind(tmp_path, capsys) -> None:
+    """``testbed_uniform_trained.py``: masked methods on the mask model, re-noising on the
+    uniform-noise model, one row per (model, method, budget, task); re-noising without its
+    early stop runs exactly N forwards, ``low_confidence`` exactly N steps."""
+    tu = _script("testbed_uniform_trained")
+    out = tmp_path / "u.csv"
+    assert tu.main(["--mask-models", "testbed-llada2", "--uniform-model", "testbed-gemma",
+                    "--n", "1", "--seeds", "1", "--out", str(out)]) == 0
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == (2 + 3) * len(tu.FORWARDS) * 9
+    kinds = {(r["model"], r["method"]) for r in rows}
+    assert kinds == {("testbed-llada2", "low_confidence"), ("testbed-llada2", "eb"),
+                     ("testbed-gemma", "renoise"), ("testbed-gemma", "renoise + early stop"),
+                     ("testbed-gemma", "renoise sticky")}
+    for r in rows:
+        if r["method"] in ("renoise", "low_confidence"):
+            assert float(r["nfe"]) == float(r["forwards"]), r
+        assert float(r["nfe"]) <= float(r["forwards"])
+    assert out.with_suffix(".png").stat().st_size > 0
+    text = capsys.readouterr().out
+    assert "| testbed-gemma | renoise | 16 |" in text and "| model | method | forwards |" in text
