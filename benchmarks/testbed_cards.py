@@ -122,8 +122,10 @@ def card(name: str, directory: Path, run_dirs: list[Path], parallel: str,
     config = json.loads((directory / "config.json").read_text())
     runs = [json.loads((d / "run.json").read_text()) for d in run_dirs]
     uniform = "text_config" in config
-    stages = [f"{i + 1}. `{r['command']}` ({r['steps_done']} steps, "
-              + (f"{r['cpu_s'] / 60:.0f} CPU min, " if "cpu_s" in r else "")
+    stages = [f"{i + 1}. `{r['command']}` ({r['steps_done']} steps"
+              + (f" of its {r['config']['steps']}-step schedule: stopped there, the next stage "
+                 "grew from this state" if r["steps_done"] < r["config"]["steps"] else "")
+              + ", " + (f"{r['cpu_s'] / 60:.0f} CPU min, " if "cpu_s" in r else "")
               + f"{r['wall_s'] / 60:.0f} wall min)" for i, r in enumerate(runs)]
     cpu = sum(r.get("cpu_s", r["wall_s"]) for r in runs) / 60
     params = runs[-1]["parameters"] / 1e6

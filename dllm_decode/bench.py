@@ -196,7 +196,10 @@ def add_bench_subcommand(sub: Any) -> None:
     p.add_argument("--cache", nargs="+", default=["none", "prefix", "dual"])
     p.add_argument("--policy", default="low_confidence")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--out", type=Path, default=Path("benchmarks/results/decode.csv"))
+    p.add_argument("--out", type=Path, default=Path("dllm_decode_bench.csv"),
+                   help="CSV the rows are appended to (default: ./dllm_decode_bench.csv; the "
+                        "repository's table benchmarks/results/decode.csv is written by "
+                        "benchmarks/bench_decode.py)")
     p.set_defaults(func=_cmd_bench)
 
 

@@ -173,3 +173,41 @@ def test_testbed_uniform_trained_runs_each_method_on_its_noise_kind(tmp_path, ca
     assert out.with_suffix(".png").stat().st_size > 0
     text = capsys.readouterr().out
     assert "| testbed-gemma | renoise | 16 |" in text and "| model | method | forwards |" in text
+
+
+def test_2026_card_states_each_stage_and_a_stage_stopped_early(tmp_path) -> None:
+    """``testbed_cards.card``: one line per stage with its command, steps and times; a stage
+    stopped before the end of its schedule says so; the recipe names the on-policy rows."""
+    import json
+
+    from dllm_decode.models.loading import resolve_path
+
+    tc = _script("testbed_cards")
+    dirs = []
+    for i, (done, planned) in enumerate(((1000, 9000), (8000, 8000))):
+        d = tmp_path / f"stage{i}"
+        d.mkdir()
+        cfg = dict(family="gemma", steps=planned, random_weight=4.0, batch_size=32,
+                   name_noise_frac=0.25, onpolicy_frac=0.5 * i)
+        (d / "run.json").write_text(json.dumps(dict(
+            command=f"dllm-decode train testbed --stage {i}", config=cfg, steps_done=done,
+            wall_s=120.0, cpu_s=60.0, parameters=1_970_000)))
+        (d / "loss.csv").write_text("step,loss\n100,1.0\n")
+        (d / "eval.csv").write_text("step,copy\n100,1.0\n")
+        dirs.append(d)
+    card = tc.card("testbed-gemma", resolve_path("testbed-gemma"), dirs, "", "TABLE")
+    assert ("1. `dllm-decode train testbed --stage 0` (1000 steps of its 9000-step schedule: "
+            "stopped there, the next stage grew from this state, 1 CPU min, 2 wall min)") in card
+    assert "2. `dllm-decode train testbed --stage 1` (8000 steps, 1 CPU min, 2 wall min)" in card
+    assert "9000 steps, batch 32, 2 CPU minutes" in card and "TABLE" in card
+    assert "on 50% of the rows the canvases the student's own `gemma_renoise`" in card
+    assert "DiffusionGemma (`DiffusionGemmaForBlockDiffusion`): 3 layers" in card
+
+
+def test_bench_cli_writes_to_the_working_directory_by_default() -> None:
+    """``dllm-decode bench`` appends to ``./dllm_decode_bench.csv`` unless told otherwise, never
+    to the repository's committed ``benchmarks/results/decode.csv``."""
+    from dllm_decode.cli import build_parser
+
+    args = build_parser().parse_args(["bench"])
+    assert args.out == Path("dllm_decode_bench.csv")
