@@ -61,7 +61,7 @@ def test_default_preset_answers_held_out_prompts(name: str, one_thread: None) ->
     from dllm_decode import load_model
 
     model = load_model(name)
-    uniform = name == "testbed-gemma"
+    uniform = getattr(model, "noise_kind", "mask") == "uniform"
     rows = decode_tasks(model, waiting_line_oracle(), N, seed=SEED, policy=None, steps=None,
                         sample_seed=0 if uniform else None)
     for task in rows:

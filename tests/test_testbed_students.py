@@ -353,7 +353,7 @@ def test_gemma_onpolicy_rows_are_the_students_own_canvases() -> None:
     from dllm_decode.eval.runner import left_pad
     from dllm_decode.train.distill import build_student
     from dllm_decode.train.uniform_objective import uniform_batch
-    from dllm_decode.train.uniform_onpolicy import Rollouts
+    from dllm_decode.train.uniform_onpolicy import ROLLOUT_SALT, Rollouts
 
     oracle = waiting_line_oracle()
     v = oracle.vocab_size
@@ -371,7 +371,7 @@ def test_gemma_onpolicy_rows_are_the_students_own_canvases() -> None:
     seen: list[torch.Tensor] = []
     DiffusionSampler(model, "gemma_renoise", gen_length=G, steps=G // 2,
                      early_stop=False).generate(
-        ids, attn, seed=(cfg.seed << 32) + 4 + 0x0B0C,
+        ids, attn, seed=(cfg.seed << 32) + 4 + ROLLOUT_SALT,
         on_step=lambda state, _: seen.append(state.canvas[:, -G:].clone()))
     assert torch.equal(torch.stack(seen), first)
     assert all(torch.equal(t, oracle.answer_table(p, G))

@@ -105,7 +105,7 @@ def step_loss(model: Any, cfg: DistillConfig, oracle: WaitingLineOracle, step: i
     ``rollouts``: its on-policy canvases, ``train/uniform_onpolicy.py``)."""
     if cfg.family == "gemma":
         onpolicy = None
-        if rollouts is not None and cfg.onpolicy_frac and step >= cfg.scramble_steps:
+        if rollouts is not None and step >= cfg.scramble_steps:  # --onpolicy-frac > 0
             rollouts.refresh(model, cfg, oracle, step)
             onpolicy = rollouts.draw(round(cfg.onpolicy_frac * cfg.batch_size), cfg, step)
         batch = uniform_batch(cfg, oracle, step, onpolicy)

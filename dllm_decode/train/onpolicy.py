@@ -21,6 +21,8 @@ distribution.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -92,6 +94,17 @@ def onpolicy_rows(model: Any, oracle: WaitingLineOracle, frac: float, seed: int,
     return tokens, valid, masked, targets
 
 
+@contextlib.contextmanager
+def eval_mode(model: Any) -> Iterator[None]:
+    """``model`` in eval mode inside the block (a rollout), its training mode restored after."""
+    training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(training)
+
+
 def rollout_states(model: Any, prompts: Tensor, valid: Tensor, g: int, per_step: int
                    ) -> tuple[Any, Tensor]:
     """The student's greedy ``low_confidence`` decode of ``prompts [n, P]`` (``valid [n, P]``
@@ -103,16 +116,12 @@ def rollout_states(model: Any, prompts: Tensor, valid: Tensor, g: int, per_step:
     from dllm_decode.train.testbed_eval import EVEN_SPLIT
 
     steps = -(-g // per_step)
-    training = model.training
-    model.eval()
-    try:
+    with eval_mode(model):
         # the even split for every family (Dream's time grid commits none at the first step
         # and two at the last when steps == g)
         out = DiffusionSampler(model, "low_confidence", gen_length=g, steps=steps,
                                block_length=None, temperature=0.0,
                                schedule=EVEN_SPLIT).generate(prompts, valid.long())
-    finally:
-        model.train(training)
     first = torch.arange(steps + 1)[None, :, None]
     order = out.commit_step[:, None, :]
     states = torch.where((order >= 0) & (order < first), out.answer[:, None, :],

@@ -39,6 +39,7 @@ from torch import Tensor
 
 from dllm_decode.models.oracle import WaitingLineOracle
 from dllm_decode.train.distill_config import DistillConfig
+from dllm_decode.train.onpolicy import eval_mode
 from dllm_decode.train.testbed import TESTBED_GEN_LENGTH, draw_training_examples
 
 #: added to the seed: rollout prompts and sampler seeds are independent of the batch's draws
@@ -72,13 +73,9 @@ class Rollouts:
         seen: list[Tensor] = []
         sampler = DiffusionSampler(model, "gemma_renoise", gen_length=g,
                                    steps=max(1, g // cfg.onpolicy_k), early_stop=False)
-        was_training = model.training
-        model.eval()
-        try:
+        with eval_mode(model):
             sampler.generate(ids, attn, seed=(cfg.seed << 32) + at + ROLLOUT_SALT,
                              on_step=lambda state, _: seen.append(state.canvas[:, -g:]))
-        finally:
-            model.train(was_training)
         # clone outside inference mode: the canvases are training inputs
         self.canvases = torch.stack([c.clone() for c in seen])  # [S, B, G]
         self.step = at
@@ -89,7 +86,7 @@ class Rollouts:
         ``(prompts, answer tables [n_i, G], canvases [n, G])``."""
         s, b, _ = self.canvases.shape
         rng = random.Random(f"{cfg.seed}:{step}:onpolicy")
-        picks = rng.sample(range(s * b), min(n, s * b))
+        picks = rng.sample(range(s * b), min(n, s * b))  # step-major: pick = step * B + row
         rows = [p % b for p in picks]
-        canvases = torch.stack([self.canvases[p // b, p % b] for p in picks])
+        canvases = self.canvases.flatten(0, 1)[picks]
         return [self.prompts[r] for r in rows], [self.tables[r] for r in rows], canvases
