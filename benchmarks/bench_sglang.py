@@ -11,6 +11,15 @@ and whether the tokens are identical. Rows go to ``results/sglang_serving.csv``:
     python benchmarks/bench_sglang.py                       # a random-weight tiny LLaDA2
     python benchmarks/bench_sglang.py --model-path inclusionAI/LLaDA2.0-mini --tp-size 1
 
+``--staggered`` (CPU, no GPU needed) measures instead what batching costs the adapter under
+SGLang's default first-done-first-out scheduling, with requests at different steps of their
+blocks (``sglang_ops.py``): aten ops per round through SGLang's real ``DllmAlgorithm.run``
+(the forward excluded) for ``LowConfidence`` and every preset the README serves, at batch 1
+and 32 staggered, with the adapter's split mode and policy calls per round, into
+``results/sglang_ops.csv``:
+
+    OMP_NUM_THREADS=1 python benchmarks/bench_sglang.py --staggered
+
 Without ``--model-path`` a tiny LLaDA2 is built from a config (``tiny_llada2``: the released
 architecture, 2 layers, the real vocabulary and mask id) and served with random weights
 (``--load-format dummy``). Needs CUDA and ``pip install -e ".[sglang]"``; the GPU test
@@ -157,9 +166,15 @@ def main() -> None:
     ap.add_argument("--prompt-length", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--tp-size", type=int, default=1)
-    ap.add_argument("--out", type=Path, default=RESULTS / "sglang_serving.csv")
+    ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--staggered", action="store_true",
+                    help="CPU: ops per FDFO round with staggered requests (sglang_ops.py)")
     args = ap.parse_args()
     from dllm_decode.bench import write_rows
+
+    if args.staggered:
+        staggered(args.batches, args.out or RESULTS / "sglang_ops.csv")
+        return
 
     with tempfile.TemporaryDirectory() as tmp:
         dummy = args.model_path is None
@@ -167,12 +182,43 @@ def main() -> None:
         rows = measure(path, dummy=dummy, batches=args.batches, max_new=args.max_new_tokens,
                        prompt_length=args.prompt_length, repeats=args.repeats,
                        tp_size=args.tp_size)
-    write_rows(rows, args.out)
+    write_rows(rows, args.out or RESULTS / "sglang_serving.csv")
     print("| algorithm | B | tokens/s | vs built-in | tokens identical |")
     print("|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['algorithm']} | {r['B']} | {r['tokens_per_s']} | "
               f"{r['ratio_vs_builtin']} | {r['tokens_identical']} |")
+
+
+def staggered(batches: list[int], out: Path) -> None:
+    """The ``--staggered`` table: ops per round, split mode, calls per round; CSV + markdown."""
+    import sys
+
+    import torch
+
+    from dllm_decode.bench import write_rows
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    sys.path.insert(0, str(Path(__file__).parent))
+    import sglang
+    from sglang_ops import table
+
+    torch.set_num_threads(1)
+    rows = table(tuple(batches))
+    base = {r["B"]: r["ops_per_round"] for r in rows if r["algorithm"] == "LowConfidence"}
+    one = {r["policy"]: r["ops_per_round"] for r in rows if r["B"] == min(batches)}
+    for r in rows:
+        r["vs_low_confidence"] = round(r["ops_per_round"] / base[r["B"]], 2)
+        r["vs_own_batch_1"] = round(r["ops_per_round"] / one[r["policy"]], 2)
+        r["device"], r["sglang"], r["torch"] = "cpu", sglang.__version__, torch.__version__
+    write_rows(rows, out)
+    print("| algorithm / preset | B | ops per round | vs LowConfidence | vs own B=1 | split |"
+          " calls per round |")
+    print("|---|---|---|---|---|---|---|")
+    for r in rows:
+        name = r["algorithm"] if r["algorithm"] == "LowConfidence" else r["policy"]
+        print(f"| {name} | {r['B']} | {r['ops_per_round']} | {r['vs_low_confidence']} | "
+              f"{r['vs_own_batch_1']} | {r['split']} | {r['calls_per_round']} |")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``dllm-decode``: generate | eval | bench | train | doctor."""
+"""``dllm-decode``: generate | serve-check | eval | bench | train | doctor."""
 
 from __future__ import annotations
 
@@ -178,6 +178,18 @@ def cmd_generate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_check(args: argparse.Namespace) -> int:
+    """``serve-check``: resolve ``--dllm-algorithm-config`` as an SGLang server start does (the
+    same one-line errors) and print what will run; no SGLang, no download, no weights."""
+    from dllm_decode.integrations.sglang.check import plan_lines, plan_serving
+
+    if args.block_size is not None and args.block_size < 1:
+        raise ValueError(f"--block-size must be >= 1, got {args.block_size}")
+    print("\n".join(plan_lines(plan_serving(args.config, args.model,
+                                             block_size=args.block_size))))
+    return 0
+
+
 def _check_policy_name(name: str) -> None:
     if ":" not in name and name not in PRESETS and name != "default":
         close = difflib.get_close_matches(name, sorted(PRESETS), n=1)
@@ -271,6 +283,24 @@ def build_parser() -> argparse.ArgumentParser:
                      help="draw the commit order (positions x steps, tokens per step, cache "
                           "refreshes) to this PNG (needs matplotlib)")
     gen.set_defaults(func=cmd_generate)
+
+    check = sub.add_parser(
+        "serve-check", help="check an SGLang --dllm-algorithm-config YAML (no server)",
+        description="Resolve POLICY.yaml exactly as `python -m sglang.launch_server ... "
+                    "--dllm-algorithm DllmDecode --dllm-algorithm-config POLICY.yaml` does at "
+                    "server start (same one-line errors, exit status 2) and print what will "
+                    "run: policy, parameters, steps per block, stop tokens, per-request "
+                    "memory, and what SGLang refuses per request. Runs on a CPU, with or "
+                    "without SGLang; reads only the checkpoint's JSON files; never downloads.")
+    check.add_argument("config", metavar="POLICY.yaml")
+    check.add_argument("--model", required=True, metavar="PATH_OR_ID",
+                       help="the checkpoint folder SGLang will serve (config.json, "
+                            "generation_config.json, tokenizer files), a bundled name, or a "
+                            "Hub id already in the local Hugging Face cache")
+    check.add_argument("--block-size", type=int, default=None, metavar="K",
+                       help="the dLLM block size (default: the YAML's block_size, else "
+                            "SGLang's for the architecture)")
+    check.set_defaults(func=cmd_serve_check)
 
     try:
         from dllm_decode.eval import add_eval_subcommands

@@ -267,8 +267,7 @@ class StepState:
     ``reads_masked_only`` and the sampler scored those alone). ``budget`` is the scheduled
     number of commits per row ``[B]`` (int64) or ``None`` for open-ended (adaptive) steps.
     ``forward_start``/``forward_width`` give the canvas span the reference decoder's forward
-    covered (random draws use that shape); ``times`` is
-    ``(t, s)`` on Dream's time grid (float32 scalars) or ``None``. ``memory`` is the
+    covered (random draws use that shape). ``memory`` is the
     per-generation state object a history policy created with ``init_memory``; it is the only
     mutable thing a policy sees. ``logits`` (only when a part declares ``needs_logits``) are
     ``[B, R, V]`` for the canvas positions ``rows`` (``[R]`` shared by the batch, or ``[B, R]``
@@ -277,15 +276,37 @@ class StepState:
     distribution (see ``StepModel``). ``editable`` ``[B, L]`` bool (only for selectors that
     declare ``Capabilities(edits=True)``, else ``None``) marks the committed positions the
     selector may rewrite this step (``Selection.edit``): generated, inside the current block,
-    fed this step, in rows still allowed to edit (``samplers.editing``). ``step`` is the global
-    step index of the generation (an ``int``, 0 at its first forward, counting on across
-    blocks; a 0-d int64 tensor only on the static-buffer step of graph-safe presets),
-    ``block`` the block's index and ``block_step`` the step's index inside its block (an
-    ``int``, 0 at the block's first forward). ``mask_logit`` ``[B, R]``
+    fed this step, in rows still allowed to edit (``samplers.editing``). ``block`` is the
+    block's index (a host ``int``). ``mask_logit`` ``[B, R]``
     is the raw logit of the mask token at ``rows`` (only for selectors that sample their own
     tokens, ``Capabilities.samples_tokens``: ``logits`` have it removed). ``reference_order``
     (``rng="reference"``) asks budgeted top-k selections for the reference decoders' order
     (``policies.base.budget_mask``: ``torch.topk`` over the forward's span, ties as there).
+
+    **Step values, in one of two forms.** ``step`` (the generation's step index, 0 at its first
+    forward, counting on across blocks), ``block_step`` (the step's index inside its block, 0
+    at the block's first forward), ``steps_left`` (scheduled steps left in the block, this one
+    included; ``None`` for adaptive steps), ``progress`` (``step / max(T - 1, 1)``),
+    ``block_start`` / ``gen_start`` (canvas index of the block's / the generation's first
+    position), ``times`` (``(t, s)`` on Dream's time grid, or ``None``) and
+    ``extras["total_steps"]`` (T, the steps the progress counts) are
+
+    * **shared** by every row (the library's own loop): host values (``int``, ``float``,
+      ``times`` as float32 0-d tensors), or 0-d tensors (``step`` and ``progress`` on the
+      static-buffer step of graph-safe presets, ``progress`` under ``compile=True``);
+    * **per row** (a serving engine whose rows are at different steps of their blocks, e.g.
+      SGLang's first-done-first-out batches): ``[B]`` tensors on the canvas's device,
+      int64 (``step``, ``block_step``, ``steps_left``, ``block_start``, ``gen_start``,
+      ``extras["total_steps"]``), float64 (``progress``), float32 (``t``, ``s`` of ``times``;
+      ``None`` unless every row has them). Only parts declaring
+      ``Capabilities(row_steps=True)`` are handed this form (``policies.rows`` has the
+      helpers and the memory rules). ``block_end`` stays a host ``int`` in both forms (the
+      canvas is the block there: ``block_end = L``), as ``block``.
+
+    ``row_seeds`` (``[B]`` int64, or ``None``): when set, every random draw a policy makes
+    comes from ``dllm_decode.kernels.row_uniform(row_seeds, shape)`` (a counter-based hash per
+    row: a row's draws depend on its seed alone, not on its batch), never from
+    ``generator`` (``policies.rows.uniform``).
     """
 
     proposal: Proposal
@@ -293,14 +314,14 @@ class StepState:
     masked: Tensor
     fresh: Tensor
     canvas: Tensor
-    step: int
+    step: int | Tensor  # host int, 0-d (static step) or [B] int64 (per row)
     block: int
-    block_start: int
+    block_start: int | Tensor  # host int or [B] int64
     block_end: int
-    gen_start: int
-    steps_left: int | None
+    gen_start: int | Tensor  # host int or [B] int64
+    steps_left: int | Tensor | None  # host int or [B] int64; None: adaptive
     budget: Tensor | None
-    progress: float | Tensor  # a 0-d float64 tensor under DiffusionSampler(compile=True)
+    progress: float | Tensor  # host float, 0-d float64 (compile / static step) or [B] float64
     generator: torch.Generator | None
     forward_start: int
     forward_width: int
@@ -312,9 +333,10 @@ class StepState:
     refreshed: Tensor | None = None
     model: StepModel | None = None
     editable: Tensor | None = None
-    block_step: int = 0
+    block_step: int | Tensor = 0  # host int or [B] int64
     mask_logit: Tensor | None = None
     reference_order: bool = False
+    row_seeds: Tensor | None = None
 
 
 @dataclass

@@ -115,7 +115,8 @@ def test_declared_capabilities_are_read() -> None:
     sampler = DiffusionSampler(LLADA, "ete", lookahead=5)
     assert sampler.capabilities.selector == Capabilities(budgeted=False, lookahead=5,
                                                          proposal_fields=("neg_entropy",),
-                                                         reads_masked_only=True)
+                                                         reads_masked_only=True,
+                                                         row_steps=True)
     assert DiffusionSampler(LLADA, "eotp").capabilities.full_span
     assert capabilities_of(make_policy("sched").selector).budgeted  # the base's, forwarded
 

@@ -467,11 +467,43 @@ def test_readme_table_is_true(name, status) -> None:
         assert r.finished and MASK not in r.output and len(r.output) >= 1
 
 
+class ReadsStep:
+    """A user rule without ``row_steps`` that reads the block step (host int expected)."""
+
+    def select(self, state):
+        from dllm_decode.policies.base import top1_mask
+
+        first = state.block_step == 0  # a host bool: this rule cannot take per-row tensors
+        return top1_mask(state.proposal.prob, state.eligible) if first else state.eligible
+
+
+class Draws:
+    """A user rule without ``row_steps`` that draws from ``state.generator``."""
+
+    def select(self, state):
+        from dllm_decode.policies.base import top1_mask
+
+        noise = torch.rand(state.eligible.shape, generator=state.generator)
+        return top1_mask(noise, state.eligible)
+
+
+class Best:
+    """A user rule without ``row_steps`` that reads no step value."""
+
+    def select(self, state):
+        from dllm_decode.policies.base import top1_mask
+
+        return top1_mask(state.proposal.prob, state.eligible)
+
+
 @pytest.mark.parametrize(("policy", "split"), [
-    ("threshold", "merge"),  # reads no step value: every row in one call
-    ("llada2", "key"),       # reads the block step: one call per step value
-    ("random", "row"),       # draws: one call per request, with the request's generator
-    ("klass", "row"),        # per-request memory
+    ("threshold", "rows"),   # every built-in part takes per-row step values: one call
+    ("llada2", "rows"),      # reads the block step: a [B] tensor
+    ("random", "rows"),      # draws from per-request streams (state.row_seeds)
+    ("klass", "rows"),       # per-request memory, gathered from the pool by slot
+    (f"{__name__}:Best", "merge"),       # a user rule that reads nothing per row
+    (f"{__name__}:ReadsStep", "key"),    # ... that reads a step value: one call per value
+    (f"{__name__}:Draws", "row"),        # ... that draws from state.generator: per request
 ])
 def test_rows_share_a_call_unless_the_policy_reads_what_differs(policy, split) -> None:
     algorithm = DllmDecodeAlgorithm(dllm_config("DllmDecode", {"policy": policy}, fdfo=True))
@@ -479,3 +511,4 @@ def test_rows_share_a_call_unless_the_policy_reads_what_differs(policy, split) -
     serve(algorithm, ScriptedRunner(synthetic_logits(VOCAB, MASK), SDAR_CONFIG), reqs, k=K,
           mask_id=MASK, stop_ids=(EOS,), fdfo=True, order=shuffled(4))
     assert algorithm.decoder.split == split
+    assert all(r.finished and MASK not in r.output for r in reqs)

@@ -22,6 +22,7 @@ from dllm_decode.kernels.dispatch import (
     triton_status,
 )
 from dllm_decode.kernels.layer import RopeRows, qkv_rope, rope_rows, silu_mul
+from dllm_decode.kernels.rng import mix_seeds, row_uniform
 from dllm_decode.kernels.vocab import confidence_stats, gumbel_sample, propose, propose_impl
 from dllm_decode.types import Impl
 
@@ -29,5 +30,5 @@ dispatch._CHECKER[:] = [selfcheck]  # the first-use check of ``impl="auto"``
 
 __all__ = ["AUTO_ON_CUDA", "ENV_VAR", "AttentionOutput", "GumbelSample", "Impl", "RopeRows",
            "block_attention", "confidence_stats", "gumbel_sample", "kernels_env", "kv_write_",
-           "propose", "propose_impl", "qkv_rope", "resolve_impl", "rope_rows", "silu_mul",
-           "triton_status"]
+           "mix_seeds", "propose", "propose_impl", "qkv_rope", "resolve_impl", "rope_rows",
+           "row_uniform", "silu_mul", "triton_status"]

@@ -110,6 +110,28 @@ def mask_inactive_stats(stats: dict[str, Tensor], active: Tensor | None) -> dict
     return out
 
 
+# --- per-row random numbers (kernels/rng.py and the Triton vocabulary pass) ------------------
+
+#: splitmix64's constants (unsigned 64-bit): the stream increment (golden ratio, odd) and the
+#: two multipliers of its finalizer (Stafford's variant 13)
+RNG_GAMMA: Final = 0x9E3779B97F4A7C15
+RNG_M1: Final = 0xBF58476D1CE4E5B9
+RNG_M2: Final = 0x94D049BB133111EB
+#: added to ``counter * RNG_GAMMA`` by ``mix_seeds`` (any constant; keeps counter 0 off 0)
+RNG_SALT: Final = 0x2545F4914F6CDD1D
+
+
+def check_row_seeds(seeds: Tensor, rows: int | None = None) -> None:
+    """``seeds`` must be ``[B]`` int64 (``B == rows`` when given)."""
+    if not isinstance(seeds, Tensor) or seeds.dtype != torch.int64 or seeds.ndim != 1:
+        got = (f"{seeds.dtype} {tuple(seeds.shape)}" if isinstance(seeds, Tensor)
+               else type(seeds).__name__)
+        raise ValueError(f"row seeds must be a [B] int64 tensor, got {got}")
+    if rows is not None and seeds.shape[0] != rows:
+        raise ValueError(f"row seeds must have one seed per batch row ({rows}), got "
+                         f"{seeds.shape[0]}")
+
+
 # --- kv_write ---------------------------------------------------------------------------------
 
 

@@ -24,6 +24,7 @@ from dllm_decode.kernels.common import (
     positions,
     rope_table,
 )
+from dllm_decode.kernels.rng import row_exponential, row_seeds_for, row_uniform_torch
 from dllm_decode.types import OPTIONAL_FIELDS, Proposal
 
 #: the optional statistics of ``confidence_stats`` (and fields of ``propose``)
@@ -135,6 +136,7 @@ def propose(
     noise: Tensor | None = None,
     generator: torch.Generator | None = None,
     fields: Collection[str] | None = None,
+    row_seeds: Tensor | None = None,
 ) -> Proposal:
     """Proposal for every row of ``logits [B, N, V]``.
 
@@ -148,17 +150,23 @@ def propose(
     (no filtering), as the reference.
 
     ``noise`` (optional, ``[B, N, V]``): uniform float64 for gumbel, Exp(1) float32 for
-    categorical; drawn from ``generator`` when omitted. Ties go to the lowest index.
+    categorical; drawn from ``generator`` when omitted, or with ``row_seeds`` (``[B]`` int64)
+    from each row's own stream: ``row_uniform(row_seeds, logits.shape)`` (gumbel) or
+    ``-log`` of it in float32 (categorical), so row b's draw depends on ``row_seeds[b]`` only
+    (batch-invariant). Ties go to the lowest index.
     ``fields``: the optional ``Proposal`` fields to compute (``types.OPTIONAL_FIELDS``;
     ``None``: all); the others are left absent.
     """
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     want = STAT_FIELDS if fields is None else STAT_FIELDS & frozenset(fields)
+    row_seeds_for(row_seeds, logits, noise)
     if sampling == "gumbel":
         stats = confidence_stats(logits, want)
         if temperature > 0:
-            if noise is None:
+            if row_seeds is not None:
+                noise = row_uniform_torch(row_seeds, logits.shape)
+            elif noise is None:
                 noise = torch.rand(logits.shape, dtype=torch.float64, generator=generator,
                                    device=logits.device)
             tokens = gumbel_argmax(logits, temperature, noise)
@@ -177,7 +185,9 @@ def propose(
             stats["logit_margin"] = logit_margin(logits)
         if temperature > 0:
             probs = F.softmax(z, dim=-1)
-            if noise is None:
+            if row_seeds is not None:
+                noise = row_exponential(row_seeds, probs.shape)
+            elif noise is None:
                 noise = torch.empty_like(probs).exponential_(1, generator=generator)
             tokens = torch.argmax((probs / probs.sum(-1, keepdim=True)) / noise, dim=-1)
             prob = probs.gather(-1, tokens[..., None])[..., 0]
@@ -203,6 +213,7 @@ def gumbel_sample(
     offset: int = 0,
     active: Tensor | None = None,
     noise: Tensor | None = None,
+    row_seeds: Tensor | None = None,
 ) -> GumbelSample:
     """Gumbel-max sample from ``softmax(logits / T)`` plus the token's un-noised probability.
 
@@ -216,6 +227,7 @@ def gumbel_sample(
         active: optional bool ``logits.shape[:-1]``; inactive rows give token -1 and ``-inf``.
         noise: optional uniform float64 ``[..., V]`` (same shape as ``logits``); the token is
             then ``gumbel_argmax(logits, T, noise)`` exactly, as in ``propose``.
+        row_seeds: optional ``[B]`` int64: ``noise = row_uniform(row_seeds, logits.shape)``.
 
     Returns: ``GumbelSample(token int64, p_token float32, lse float32)``, each
     ``logits.shape[:-1]``. ``p_token = exp(z_token - lse)`` under the untempered softmax.
@@ -224,11 +236,14 @@ def gumbel_sample(
     check_active(active, logits)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    row_seeds_for(row_seeds, logits, noise)
     z = logits.double()
     lse = torch.logsumexp(z, dim=-1)
     if temperature == 0:
         token = torch.argmax(z, dim=-1)
     else:
+        if row_seeds is not None:
+            noise = row_uniform_torch(row_seeds, logits.shape)
         if noise is None:
             gen = torch.Generator(device=logits.device)
             gen.manual_seed((int(seed) * 1_000_003 + int(offset)) % 2**63)

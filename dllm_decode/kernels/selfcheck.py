@@ -26,7 +26,7 @@ from typing import Final
 import torch
 from torch import Tensor
 
-from dllm_decode.kernels import attention, layer, vocab
+from dllm_decode.kernels import attention, layer, rng, vocab
 from dllm_decode.kernels.layer_reference import rope_cos_sin
 
 #: float tolerance (max absolute error) per input dtype
@@ -77,26 +77,41 @@ def _gumbel(device: torch.device, dtype: torch.dtype) -> str | None:
     x = _rand(6, 1003, seed=2, scale=3.0).to(device, dtype)
     noise = torch.rand(x.shape, dtype=torch.float64,
                        generator=torch.Generator().manual_seed(3)).to(device)
-    got = vocab.gumbel_sample(x, 0.8, noise=noise, impl="triton")
-    want = vocab.gumbel_sample(x, 0.8, noise=noise, impl="reference")
-    return _compare({"token": (got.token, want.token), "p_token": (got.p_token, want.p_token)},
-                    ("token",), TOLERANCE[dtype])
+    seeds = torch.tensor([3, -1, 2**62, 0, 7, 11], device=device)
+    for kw in ({"noise": noise}, {"row_seeds": seeds}):
+        got = vocab.gumbel_sample(x, 0.8, impl="triton", **kw)
+        want = vocab.gumbel_sample(x, 0.8, impl="reference", **kw)
+        error = _compare({"token": (got.token, want.token),
+                          "p_token": (got.p_token, want.p_token)}, ("token",), TOLERANCE[dtype])
+        if error is not None:
+            return f"{next(iter(kw))}: {error}"
+    return None
 
 
 def _propose(device: torch.device, dtype: torch.dtype) -> str | None:
     x = _rand(2, 3, 1003, seed=4, scale=3.0).to(device, dtype)
     noise = torch.rand(x.shape, dtype=torch.float64,
                        generator=torch.Generator().manual_seed(5)).to(device)
-    for temperature in (0.0, 0.8):
-        got = vocab.propose(x, temperature=temperature, noise=noise, impl="triton")
-        want = vocab.propose(x, temperature=temperature, noise=noise, impl="reference")
+    seeds = torch.tensor([5, -9], device=device)
+    for temperature, kw in ((0.0, {"noise": noise}), (0.8, {"noise": noise}),
+                            (0.8, {"row_seeds": seeds})):
+        got = vocab.propose(x, temperature=temperature, impl="triton", **kw)
+        want = vocab.propose(x, temperature=temperature, impl="reference", **kw)
         error = _compare({"tokens": (got.tokens, want.tokens), "greedy": (got.greedy, want.greedy),
                           "prob": (got.prob, want.prob), "margin": (got.margin, want.margin),
                           "neg_entropy": (got.neg_entropy, want.neg_entropy)},
                          ("tokens", "greedy"), TOLERANCE[dtype])
         if error is not None:
-            return f"T={temperature}: {error}"
+            return f"T={temperature}, {next(iter(kw))}: {error}"
     return None
+
+
+def _row_uniform(device: torch.device, dtype: torch.dtype) -> str | None:
+    seeds = torch.tensor([0, 1, -1, 2**63 - 1, -2**63, 12345], device=device)
+    shape = (6, 3, 700)
+    return _compare({"uniform": (rng.row_uniform(seeds, shape, impl="triton"),
+                                 rng.row_uniform(seeds, shape, impl="reference"))},
+                    ("uniform",), 0.0)
 
 
 def _kv_write(device: torch.device, dtype: torch.dtype) -> str | None:
@@ -154,6 +169,7 @@ CHECKS: Final[dict[str, Callable[[torch.device, torch.dtype], str | None]]] = {
     "confidence_stats": _confidence,
     "gumbel_sample": _gumbel,
     "propose": _propose,
+    "row_uniform": _row_uniform,
     "kv_write_": _kv_write,
     "block_attention": _attention,
     "qkv_rope": _qkv_rope,

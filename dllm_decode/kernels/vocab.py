@@ -19,6 +19,7 @@ from dllm_decode.kernels.common import (
     check_logits,
     mask_inactive_stats,
 )
+from dllm_decode.kernels.rng import row_seeds_for
 from dllm_decode.types import Impl, Proposal
 
 
@@ -57,6 +58,7 @@ def _seed_tensor(seed: int | Tensor, device: torch.device) -> Tensor:
 
 def gumbel_sample(logits: Tensor, temperature: float, seed: int | Tensor = 0, offset: int = 0,
                   active: Tensor | None = None, noise: Tensor | None = None, *,
+                  row_seeds: Tensor | None = None,
                   impl: Impl | str = Impl.AUTO) -> GumbelSample:
     """Sample ``argmax(logits / T + Gumbel)`` per row, with the token's un-noised probability.
 
@@ -72,6 +74,10 @@ def gumbel_sample(logits: Tensor, temperature: float, seed: int | Tensor = 0, of
         active: optional bool ``logits.shape[:-1]``; inactive rows give -1 / ``-inf``.
         noise: optional uniform float64 logits-shaped tensor; both impls then return the token
             of ``reference.gumbel_argmax`` (exact on inputs without near-ties).
+        row_seeds: optional ``[B]`` int64 for ``logits [B, ..., V]`` (``[N]`` for ``[N, V]``):
+            the noise is ``row_uniform(row_seeds, logits.shape)`` (per-row streams,
+            batch-invariant), hashed in-kernel by Triton (no noise tensor); the tokens equal
+            the reference's (tie-free inputs). Excludes ``noise``; ``seed``/``offset`` unused.
         impl: see ``dllm_decode.kernels``.
 
     Returns: ``GumbelSample(token int64, p_token float32, lse float32)``.
@@ -80,9 +86,11 @@ def gumbel_sample(logits: Tensor, temperature: float, seed: int | Tensor = 0, of
     check_active(active, logits)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
+    row_seeds_for(row_seeds, logits, noise)
     if _k._choose(impl, logits.device, _k._dtype_issue(logits), "gumbel_sample",
                   logits.dtype) is Impl.REFERENCE:
-        return reference.gumbel_sample(logits, temperature, seed, offset, active, noise)
+        return reference.gumbel_sample(logits, temperature, seed, offset, active, noise,
+                                       row_seeds)
     if noise is not None and noise.shape != logits.shape:
         raise ValueError(f"noise must have the logits shape {tuple(logits.shape)}, got "
                          f"{tuple(noise.shape)}")
@@ -91,9 +99,11 @@ def gumbel_sample(logits: Tensor, temperature: float, seed: int | Tensor = 0, of
     if temperature == 0:
         token, _, out = backend.vocab_pass(logits, stats=True, active=active)
         return GumbelSample(token.view(shape), out[1].view(shape), out[0].view(shape))
-    seed_t = None if noise is not None else _seed_tensor(seed, logits.device)
+    seed_t = None if noise is not None or row_seeds is not None else _seed_tensor(
+        seed, logits.device)
     _, sample, out = backend.vocab_pass(logits, stats=False, temperature=temperature,
-                                        seed=seed_t, offset=offset, noise=noise, active=active)
+                                        seed=seed_t, offset=offset, noise=noise, active=active,
+                                        row_seeds=row_seeds)
     return GumbelSample(sample.view(shape), out[5].view(shape), out[0].view(shape))
 
 
@@ -109,7 +119,8 @@ def propose_impl(impl: Impl | str, device: torch.device, sampling: str) -> Impl:
 def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel",
             top_p: float | None = None, top_k: int | None = None, noise: Tensor | None = None,
             generator: torch.Generator | None = None, impl: Impl | str = Impl.AUTO,
-            fields: Collection[str] | None = None) -> Proposal:
+            fields: Collection[str] | None = None,
+            row_seeds: Tensor | None = None) -> Proposal:
     """Fused proposal over the vocabulary; see ``reference.propose`` for the semantics.
 
     ``fields``: the optional ``Proposal`` fields wanted (``types.OPTIONAL_FIELDS``; ``None``:
@@ -123,16 +134,25 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
     (no sync; same law as the reference, different draws). ``sampling="categorical"`` (sort
     based top-p/top-k) is torch only: ``auto`` routes it to the reference, an explicit
     ``impl="triton"`` raises ``NotImplementedError``.
+
+    ``row_seeds`` (``[B]`` int64 for ``logits [B, L, V]``, on the logits' device; excludes
+    ``noise``, ignores ``generator``): every row samples from its own counter-based stream
+    (``kernels.row_uniform``), so row b's tokens depend only on ``row_seeds[b]`` and its
+    logits, never on the batch. Triton hashes it in-kernel (no ``[B, L, V]`` tensor), tokens
+    equal to the reference's on tie-free inputs. Derive a fresh key per step with
+    ``kernels.mix_seeds(seeds, step)``.
     """
     unsupported = None
     if sampling in ("categorical", "llada2"):
         unsupported = f"sampling={sampling!r} (top-p/top-k need a sort; use the reference)"
     else:
         unsupported = _k._dtype_issue(logits)
+    row_seeds_for(row_seeds, logits, noise)
     chosen = _k._choose(impl, logits.device, unsupported, "propose", logits.dtype)
     if chosen is Impl.REFERENCE or sampling != "gumbel":
         return reference.propose(logits, temperature=temperature, sampling=sampling, top_p=top_p,
-                                 top_k=top_k, noise=noise, generator=generator, fields=fields)
+                                 top_k=top_k, noise=noise, generator=generator, fields=fields,
+                                 row_seeds=row_seeds)
     if temperature < 0:
         raise ValueError(f"temperature must be >= 0, got {temperature}")
     check_logits(logits)
@@ -143,15 +163,15 @@ def propose(logits: Tensor, *, temperature: float = 0.0, sampling: str = "gumbel
         tokens, prob = token, out[1]
     else:
         seed = None
-        if noise is None:
+        if noise is None and row_seeds is None:
             seed = torch.randint(0, 2**62, (1,), generator=generator, device=logits.device)
-        elif noise.shape != logits.shape:
+        elif noise is not None and noise.shape != logits.shape:
             raise ValueError(f"noise must have the logits shape {tuple(logits.shape)}, got "
                              f"{tuple(noise.shape)}")
         # the same pass keeps the un-noised argmax: ``Proposal.greedy`` must be the argmax
         # (stoppers and history policies commit it) even when ``tokens`` are sampled
         argmax, tokens, out = backend.vocab_pass(logits, stats=True, temperature=temperature,
-                                                 seed=seed, noise=noise)
+                                                 seed=seed, noise=noise, row_seeds=row_seeds)
         prob = out[5]
     shape = logits.shape[:-1]
     want = reference.STAT_FIELDS if fields is None else frozenset(fields)

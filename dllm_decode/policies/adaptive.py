@@ -74,9 +74,11 @@ class Threshold:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Adaptive; reads the proposal field of ``score`` only, at eligible positions."""
+        """Adaptive; reads the proposal field of ``score`` only, at eligible positions; no
+        step value (``row_steps``; ``random`` draws from ``row_seeds`` when set)."""
         return Capabilities(budgeted=False, proposal_fields=score_fields(self.score),
-                            reads_masked_only=True, noise_kinds=("mask", "uniform"))
+                            reads_masked_only=True, noise_kinds=("mask", "uniform"),
+                            row_steps=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -100,9 +102,10 @@ class Threshold:
 
 def ranked_adaptive(score: ScoreKind) -> Capabilities:
     """The capabilities of an adaptive rule over the ranking by ``score`` (``factor``,
-    ``frechet``): open-ended steps, the proposal field of ``score`` only, masked positions."""
+    ``frechet``): open-ended steps, the proposal field of ``score`` only, masked positions,
+    no step value (``row_steps``)."""
     return Capabilities(budgeted=False, proposal_fields=score_fields(score),
-                        reads_masked_only=True)
+                        reads_masked_only=True, row_steps=True)
 
 
 def threshold_mask(score: Tensor, eligible: Tensor, tau: float) -> Tensor:
@@ -172,7 +175,8 @@ class EntropyBounded:
 
     gamma: float = 0.1
     capabilities = Capabilities(budgeted=False, proposal_fields=("neg_entropy",),
-                                reads_masked_only=True, noise_kinds=("mask", "uniform"))
+                                reads_masked_only=True, noise_kinds=("mask", "uniform"),
+                                row_steps=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "EntropyBounded")
@@ -204,7 +208,8 @@ class EntropyThreshold:
     theta: float | None = None
     #: its entropy comes from the logits; the proposal's is read only on hand-built states
     capabilities = Capabilities(budgeted=False, needs_logits=True, proposal_fields=(),
-                                reads_masked_only=True, noise_kinds=("mask", "uniform"))
+                                reads_masked_only=True, noise_kinds=("mask", "uniform"),
+                                row_steps=True)
 
     def bind(self, model: Any, cfg: Any = None) -> EntropyThreshold:
         """With ``theta`` resolved for ``model``'s family (unchanged if given)."""

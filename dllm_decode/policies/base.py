@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
+from dllm_decode.policies.rows import uniform
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -52,11 +53,13 @@ class LogitsFuser(Protocol):
     step's logits before anything is proposed (CreditDecoding's credit fusion)."""
 
     def fuse_logits(self, logits: Tensor, rows: Tensor, masked: Tensor, memory: Any,
-                    block: tuple[int, int]) -> Tensor:
+                    block: tuple[int, int], block_step: Tensor | None = None) -> Tensor:
         """Logits ``[B, R, V]`` (mask token at -inf) of the canvas positions ``rows`` (``[R]``
         or ``[B, R]``), ``masked [B, L]`` before this step's commits, the selector's memory
         and the block ``(start, end)`` -> the fused logits ``[B, R, V]`` (may be written in
-        place). No host sync."""
+        place). No host sync. Per-row steps (``Capabilities.row_steps``): ``block_step`` is
+        the rows' ``[B]`` int64 step in their blocks and ``start`` may be ``[B]`` int64;
+        ``None`` (the library's loop): the rows share the block and its step."""
         ...
 
 
@@ -94,11 +97,16 @@ def random_scores(state: StepState) -> Tensor:
     One ``torch.rand([B, forward_width])`` (float32) from ``state.generator``, as LLaDA's and
     Fast-dLLM's ``remasking="random"`` draw it (``torch.rand`` of the x0 shape, i.e. the span
     the reference forward covered, after that forward's Gumbel noise): with ``rng="reference"``
-    a seeded run reproduces the reference draws. Every call draws.
+    a seeded run reproduces the reference draws. Every call draws. With ``state.row_seeds``
+    the same shape comes from ``kernels.row_uniform`` instead (per row, batch-invariant),
+    rounded to float32.
     """
     b, length = state.eligible.shape
-    u = torch.rand((b, state.forward_width), generator=state.generator,
-                   device=state.eligible.device)
+    if state.row_seeds is not None:
+        u = uniform(state, (b, state.forward_width)).float()
+    else:
+        u = torch.rand((b, state.forward_width), generator=state.generator,
+                       device=state.eligible.device)
     score = torch.zeros((b, length), device=u.device, dtype=u.dtype)
     score[:, state.forward_start:state.forward_start + state.forward_width] = u
     return score

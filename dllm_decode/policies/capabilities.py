@@ -40,7 +40,7 @@ NOISE_KINDS: Final[tuple[str, ...]] = ("mask", "uniform")
 #: capabilities a stopper or truncator may declare (the rest describe how a selector selects)
 _ANY_ROLE: Final[frozenset[str]] = frozenset({"full_span", "needs_logits", "requires_attention",
                                               "proposal_fields", "reads_masked_only",
-                                              "noise_kinds"})
+                                              "noise_kinds", "row_steps"})
 #: how close a bool attribute's name must be to a capability name to be reported as a typo
 _TYPO_CUTOFF: Final[float] = 0.88
 
@@ -125,6 +125,14 @@ class Capabilities:
             memory, block)`` (``policies.base.LogitsFuser``) right after the mask token is
             removed, so the proposal (greedy or sampled), the selector, a stopper, a truncator
             and the recorded probabilities all see the fused scores.
+        row_steps: the part accepts a ``StepState`` whose step values are per row (``[B]``
+            tensors: ``step``, ``block_step``, ``steps_left``, ``progress``, ``block_start``,
+            ``gen_start``, ``times``, ``extras["total_steps"]``) and draws from
+            ``state.row_seeds`` when set, giving each row exactly what a call on that row
+            alone gives (``policies.rows``: the helpers and the rules its memory follows;
+            a ``fuses_logits`` selector also takes ``block_step=`` in ``fuse_logits``). A
+            serving engine then decides rows at different steps in one call; without it,
+            one call per step value. Any role may declare it.
     """
 
     budgeted: bool = True
@@ -150,6 +158,7 @@ class Capabilities:
     max_post_steps: int = 0
     sub_block_size: int | None = None
     fuses_logits: bool = False
+    row_steps: bool = False
 
     def __post_init__(self) -> None:
         kinds = self.noise_kinds
@@ -292,7 +301,8 @@ class PolicyCapabilities:
     attention any part requires (``None``: any); ``proposal_fields`` the optional ``Proposal``
     fields the present parts read (``None``: every field, when any part does not declare them);
     ``masked_only`` whether every present part ``reads_masked_only``; ``noise_kinds`` the
-    model noise kinds every present part works with.
+    model noise kinds every present part works with; ``row_steps`` whether every present part
+    accepts per-row step values (``Capabilities.row_steps``).
     """
 
     selector: Capabilities
@@ -302,6 +312,7 @@ class PolicyCapabilities:
     proposal_fields: tuple[str, ...] | None = None
     masked_only: bool = False
     noise_kinds: tuple[str, ...] = ("mask",)
+    row_steps: bool = False
 
 
 def noise_kind_of(model: Any) -> str:
@@ -337,4 +348,5 @@ def policy_capabilities(selector: Any, stopper: Any = None,
         masked_only=all(parts[role].reads_masked_only for role in present),
         noise_kinds=tuple(k for k in NOISE_KINDS
                           if all(k in parts[role].noise_kinds for role in present)),
+        row_steps=all(parts[role].row_steps for role in present),
     )

@@ -49,6 +49,7 @@ from torch import Tensor
 
 from dllm_decode.policies.base import budget_mask, random_scores, step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
+from dllm_decode.policies.rows import column, per_row, uniform
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
@@ -69,8 +70,10 @@ class TopK:
 
     @property
     def capabilities(self) -> Capabilities:
-        """Budgeted; reads the proposal field of ``score`` only, at eligible positions."""
-        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True)
+        """Budgeted; reads the proposal field of ``score`` only, at eligible positions; no
+        step value (per-row steps: ``row_steps``)."""
+        return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True,
+                            row_steps=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -83,14 +86,18 @@ class TopK:
         budget = state.budget
         if not self.alg_temp:
             return budget_mask(state, score, state.eligible, budget)
+        seeded = state.row_seeds is not None  # per-row draws: nothing to skip, no sync
         # sync (sampling mode only): the reference draws nothing when the budget is 0
-        if int(budget.max()) == 0:
+        if not seeded and int(budget.max()) == 0:
             return torch.zeros_like(state.eligible)
         full = torch.where(state.eligible, score.float(), torch.full_like(score.float(),
                                                                          -torch.inf))
         probs = torch.softmax(full / self.alg_temp, dim=-1)
-        race = probs / torch.empty_like(probs).exponential_(1, generator=state.generator)
-        return topk_mask(race, state.eligible & (probs > 0), budget)
+        if seeded:  # Exp(1) noise -log(u) from each row's seed
+            noise = uniform(state, tuple(probs.shape)).log_().neg_().to(probs.dtype)
+        else:
+            noise = torch.empty_like(probs).exponential_(1, generator=state.generator)
+        return topk_mask(probs / noise, state.eligible & (probs > 0), budget)
 
 
 @dataclass(frozen=True)
@@ -101,8 +108,9 @@ class RandomOrder:
     reference, so seeded runs reproduce it.
     """
 
-    #: no proposal score (tokens and prob at the commits only)
-    capabilities = Capabilities(proposal_fields=(), reads_masked_only=True)
+    #: no proposal score (tokens and prob at the commits only); per-row draws from
+    #: ``row_seeds`` (``random_scores``)
+    capabilities = Capabilities(proposal_fields=(), reads_masked_only=True, row_steps=True)
 
     def select(self, state: StepState) -> Tensor:
         return budget_mask(state, random_scores(state), state.eligible, state.budget)
@@ -120,15 +128,38 @@ class Origin:
     #: the reveal probability comes from Dream's time grid, whatever the model family
     capabilities = Capabilities(budgeted=False, proposes_after_select=True,
                                 may_commit_nothing=True, preferred_schedule="dream",
-                                proposal_fields=(), reads_masked_only=True)
+                                proposal_fields=(), reads_masked_only=True, row_steps=True)
 
     def select(self, state: StepState) -> Tensor:
         if state.times is None:
             raise ValueError("origin needs the Dream time grid (schedule='dream')")
         t, s = state.times
+        if per_row(t) or per_row(state.steps_left) or state.row_seeds is not None:
+            return self._select_rows(state)
         p = 1.0 - s / t if state.steps_left and state.steps_left > 1 else 1.0
         n = int(state.extras["n_masked"])
         u = torch.rand(n, generator=state.generator, device=state.eligible.device)
         reveal = torch.zeros_like(state.eligible)
         reveal[state.masked] = u < p
+        return reveal & state.eligible
+
+    @staticmethod
+    def _select_rows(state: StepState) -> Tensor:
+        """Per-row times / steps left, or per-row draws (``row_seeds``: one uniform per canvas
+        position of each row, read at its masked positions)."""
+        t, s = state.times
+        left = state.steps_left
+        p = 1.0 - s / t  # [B] or 0-d
+        if left is None:
+            p = torch.ones_like(p)
+        else:
+            p = torch.where(torch.as_tensor(left, device=p.device) > 1, p, 1.0)
+        at = column(p)  # [B, 1] or 0-d: broadcast against [B, L]
+        if state.row_seeds is not None:
+            u = uniform(state, tuple(state.eligible.shape))
+            return state.masked & (u < at) & state.eligible
+        n = int(state.extras["n_masked"])  # sync, as the shared form
+        u = torch.rand(n, generator=state.generator, device=state.eligible.device)
+        reveal = torch.zeros_like(state.eligible)
+        reveal[state.masked] = u < at.expand(state.eligible.shape)[state.masked]
         return reveal & state.eligible

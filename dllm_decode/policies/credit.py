@@ -50,6 +50,7 @@ from dllm_decode.policies.base import bind_of, init_memory_of
 from dllm_decode.policies.capabilities import Capabilities, capabilities_of
 from dllm_decode.policies.policy import Policy
 from dllm_decode.policies.resolve import make_policy
+from dllm_decode.policies.rows import as_rows, column, per_row
 from dllm_decode.policies.supervised import Supervised
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import StepState
@@ -60,7 +61,9 @@ class CreditMemory:
     """Credit state of one generation: ``credit [B, K, V]`` float32 of the current block
     (``None`` before its first step; B·K·V·4 bytes, e.g. 16 MB for K = 32, V = 126k),
     ``block`` its ``(start, end)``, ``steps`` the block's fused steps so far (host counter),
-    ``base`` the wrapped selector's own memory."""
+    ``base`` the wrapped selector's own memory. With per-row steps (``fuse_logits(...,
+    block_step=)``) ``credit`` is ``[B, end, V]`` over canvas positions ``0 .. end - 1`` (zero
+    before a row's block start) and ``block`` / ``steps`` are not used."""
 
     base: Any
     credit: Tensor | None = None
@@ -118,7 +121,7 @@ class Credit:
         return CreditMemory(base=init_memory_of(self.selector, batch, length, device))
 
     def fuse_logits(self, logits: Tensor, rows: Tensor, masked: Tensor, memory: CreditMemory,
-                    block: tuple[int, int]) -> Tensor:
+                    block: tuple[int | Tensor, int], block_step: Tensor | None = None) -> Tensor:
         """Update the block's credit from this step's logits and return the fused logits.
 
         Args:
@@ -127,10 +130,18 @@ class Credit:
             masked: ``[B, L]`` bool before this step's commits (only masked positions
                 gather credit).
             memory: the generation's ``CreditMemory``; block: the current ``(start, end)``.
+            block_step: per-row steps (``Capabilities.row_steps``): the rows' ``[B]`` int64
+                step in their blocks (their credit restarts at 0), ``start`` an int or ``[B]``
+                int64; ``None``: the rows share the block and the host counters.
 
         No host sync (the block bookkeeping is on host integers).
         """
+        if block_step is not None:
+            return self._fuse_rows(logits, rows, masked, memory, block, block_step)
         start, end = block
+        if per_row(start):
+            raise ValueError("Credit.fuse_logits: per-row block starts need the rows' block "
+                             "steps too: fuse_logits(..., block_step=[B] int64)")
         b, _, v = logits.shape
         k = end - start
         if memory.block != block or memory.credit is None or memory.credit.shape != (b, k, v):
@@ -157,6 +168,42 @@ class Credit:
         gain = top_p.pow(self.boost_gamma) * (fed & masked[:, start:end])
         credit.scatter_add_(2, top_i[..., None], gain[..., None])
         bonus = (self.credit_alpha * torch.log(credit + 1.0) * fed[..., None]).to(logits.dtype)
+        if shared:
+            return logits.index_add_(1, at, bonus)
+        return logits.scatter_add_(1, at_v, bonus)
+
+    def _fuse_rows(self, logits: Tensor, rows: Tensor, masked: Tensor, memory: CreditMemory,
+                   block: tuple[int | Tensor, int], block_step: Tensor) -> Tensor:
+        """``fuse_logits`` with per-row block starts and steps: the credit spans canvas
+        positions ``[0, end)``, a row's positions before its block start gather nothing (so
+        add nothing), and a row at its block's first step starts from zero credit. Each row
+        gets exactly the fused logits of a call on it alone. No host sync."""
+        start, end = block
+        b, _, v = logits.shape
+        device = logits.device
+        if memory.credit is None or memory.credit.shape != (b, end, v):
+            memory.credit = torch.zeros(b, end, v, dtype=torch.float32, device=device)
+        first = (block_step == 0)[:, None, None]
+        # decay, or a fresh block's zeros (the shared form's reset), per row
+        credit = torch.where(first, 0.0, memory.credit * self.decay_beta)
+        pos = torch.arange(end, device=device)
+        shared = rows.dim() == 1
+        hit = (rows[None, :] == pos[:, None] if shared
+               else rows[:, None, :] == pos[None, :, None])  # [end, R] or [B, end, R]
+        fed = hit.any(-1).expand(b, -1)  # [B, end]
+        at = hit.int().argmax(-1)
+        if shared:
+            block_logits = logits.index_select(1, at)
+        else:
+            at_v = at[..., None].expand(-1, -1, v)
+            block_logits = logits.gather(1, at_v)
+        in_block = fed & (pos[None] >= column(as_rows(start, b, device)))
+        top_p, top_i = torch.softmax(block_logits.float(), dim=-1).max(-1)
+        gain = top_p.pow(self.boost_gamma) * (in_block & masked[:, :end])
+        credit.scatter_add_(2, top_i[..., None], gain[..., None])
+        memory.credit = credit
+        bonus = (self.credit_alpha * torch.log(credit + 1.0) * in_block[..., None]).to(
+            logits.dtype)
         if shared:
             return logits.index_add_(1, at, bonus)
         return logits.scatter_add_(1, at_v, bonus)

@@ -38,6 +38,7 @@ from torch import Tensor
 
 from dllm_decode.policies.base import topk_mask
 from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.rows import as_rows, per_row
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import StepState
 
@@ -154,7 +155,7 @@ class DilatedSchedule:
         """Adaptive; reads ``prob`` only for the skip or the confidence order, at eligible
         positions; may commit nothing on a skipped level."""
         return Capabilities(budgeted=False, proposal_fields=(), reads_masked_only=True,
-                            may_commit_nothing=self.threshold > 0)
+                            may_commit_nothing=self.threshold > 0, row_steps=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "DilatedSchedule")
@@ -169,26 +170,57 @@ class DilatedSchedule:
     def select(self, state: StepState) -> Tensor:
         """Commit mask ``[B, L]`` of the level in force (see the class docstring)."""
         eligible = state.eligible
-        level, n_levels = _level_row(eligible.shape[-1], state.block_start, state.block_end,
-                                     self.base, self.skip_exp, self.merge_last,
-                                     eligible.device)
+        rows = per_row(state.block_start) or per_row(state.block_step)
+        if rows:  # [B, L] levels, [B, 1] level counts and steps
+            level, n_levels = _level_rows(state, self.base, self.skip_exp, self.merge_last)
+            step = as_rows(state.block_step, eligible.shape[0], eligible.device)[:, None]
+        else:
+            level, n_levels = _level_row(eligible.shape[-1], state.block_start,
+                                         state.block_end, self.base, self.skip_exp,
+                                         self.merge_last, eligible.device)
+            step = state.block_step
         if self.order == "confidence":
             # step i commits |level i| positions: the block's positions of levels <= i less
             # those committed already (at least one, so a block always moves on)
-            current = torch.full_like(eligible[:, :1], min(state.block_step, n_levels - 1),
-                                      dtype=torch.long)
+            if rows:
+                current = torch.minimum(step, n_levels - 1)
+            else:
+                current = torch.full_like(eligible[:, :1], min(step, n_levels - 1),
+                                          dtype=torch.long)
             block = level < _OUTSIDE
             done = (block & ~state.masked).sum(-1)
             k = ((block & (level <= current)).sum(-1) - done).clamp(min=1)
             due = topk_mask(state.proposal.prob, eligible, k)
         else:
             lowest = torch.where(eligible, level, _OUTSIDE).min(-1, keepdim=True).values  # [B, 1]
-            current = lowest.clamp(min=state.block_step)
+            current = torch.maximum(lowest, step) if rows else lowest.clamp(min=step)
             due = eligible & (level <= current)
         if self.threshold > 0:
             skip = due & (state.proposal.prob < self.threshold) & (current < n_levels - 1)
             due = due & ~skip
         return due
+
+
+def _level_rows(state: StepState, base: int, skip_exp: int,
+                merge_last: bool) -> tuple[Tensor, Tensor]:
+    """``_level_row`` per row for per-row block starts: ``([B, L] int64 levels, [B, 1] int64
+    number of levels)``, looked up in a table over every start ``0 .. block_end - 1`` (a
+    read-only constant per canvas, cached). No host sync."""
+    eligible = state.eligible
+    b, length = eligible.shape
+    end, device = state.block_end, eligible.device
+    key = ("rows", length, end, base, skip_exp, merge_last, device)
+    tables = _LEVEL_ROWS.get(key)
+    if tables is None:
+        built = [_level_row(length, start, end, base, skip_exp, merge_last, device)
+                 for start in range(end)]
+        tables = (torch.stack([row for row, _ in built]),
+                  torch.tensor([n for _, n in built], dtype=torch.long, device=device))
+        _LEVEL_ROWS[key] = tables  # type: ignore[assignment]
+    levels, counts = tables
+    # a row with an empty block (start = end) has nothing eligible: any entry serves
+    start = as_rows(state.block_start, b, device).clamp(0, end - 1)
+    return levels.index_select(0, start), counts.index_select(0, start)[:, None]
 
 
 def dus_policy(base: int = 2, skip_exp: int = 1, threshold: float = 0.0,

@@ -41,6 +41,7 @@ from dllm_decode.policies.adaptive import Threshold
 from dllm_decode.policies.base import bind_of, init_memory_of, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, capabilities_of
 from dllm_decode.policies.resolve import make_policy
+from dllm_decode.policies.rows import lookup, per_row, table
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import Selection, StepState
 
@@ -86,7 +87,9 @@ class MinimalTopK:
     min_commit: int | None = None
     block_length: int | None = None
     gen_length: int | None = None
-    capabilities = Capabilities(budgeted=False, proposal_fields=(), reads_masked_only=True)
+    #: per-row ``block_step``: the schedule looked up per row (``row_steps``)
+    capabilities = Capabilities(budgeted=False, proposal_fields=(), reads_masked_only=True,
+                                row_steps=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "MinimalTopK")
@@ -105,15 +108,26 @@ class MinimalTopK:
         return replace(self, block_length=block, block_steps=steps,
                        gen_length=self.gen_length or getattr(cfg, "gen_length", None))
 
+    def schedule(self) -> list[int]:
+        """The per-block minimum commit counts (``llada2_schedule`` of the bound sizes)."""
+        block = self.block_length or 1
+        gen = self.gen_length or block
+        steps = self.block_steps or LLADA2_STEPS
+        return llada2_schedule(block, min(steps, gen // self.minimal_topk))
+
     def k(self, block_step: int) -> int:
         """The step's minimum commit count (host int: the schedule is fixed per block)."""
         if self.min_commit is not None:
             return self.min_commit
-        block = self.block_length or 1
-        gen = self.gen_length or block
-        steps = self.block_steps or LLADA2_STEPS
-        sched = llada2_schedule(block, min(steps, gen // self.minimal_topk))
+        sched = self.schedule()
         return sched[block_step] if block_step < len(sched) else 0
+
+    def k_rows(self, block_step: Tensor) -> Tensor:
+        """``k`` of per-row block steps ``[B]`` int64 -> ``[B]`` int64. No host sync."""
+        if self.min_commit is not None:
+            return torch.full_like(block_step, self.min_commit)
+        sched = table(tuple(self.schedule()), torch.long, block_step.device)
+        return lookup(sched, block_step, 0)
 
     def select(self, state: StepState) -> Tensor:
         """``[B, L]`` commits: eligible positions with probability ``> threshold`` in rows
@@ -121,8 +135,11 @@ class MinimalTopK:
         eligible positions."""
         prob, eligible = state.proposal.prob, state.eligible
         high = eligible & (prob > self.threshold)
-        k = self.k(state.block_step)
-        need = torch.full((eligible.shape[0],), k, dtype=torch.long, device=eligible.device)
+        if per_row(state.block_step):
+            need = self.k_rows(state.block_step)
+        else:
+            k = self.k(state.block_step)
+            need = torch.full((eligible.shape[0],), k, dtype=torch.long, device=eligible.device)
         enough = high.sum(1) >= need
         return torch.where(enough[:, None], high, topk_mask(prob, eligible, need))
 

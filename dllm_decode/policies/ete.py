@@ -30,6 +30,7 @@ from torch import Tensor
 
 from dllm_decode.policies.base import top1_mask, topk_mask
 from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.rows import per_row
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import StepState
 
@@ -99,7 +100,8 @@ class ExploreThenExploit:
         """Adaptive; commits up to ``lookahead`` positions past the block (0 once bound to a
         block-causal model unless ``cross_block=True``: the sampler reads the bound one's)."""
         return Capabilities(budgeted=False, lookahead=self.lookahead,
-                            proposal_fields=("neg_entropy",), reads_masked_only=True)
+                            proposal_fields=("neg_entropy",), reads_masked_only=True,
+                            row_steps=True)
 
     @staticmethod
     def earliest_block(state: StepState) -> Tensor:
@@ -110,14 +112,14 @@ class ExploreThenExploit:
         block: batch invariance), so there the earliest block is the current one. A state
         with eligible positions only past the block (one built by hand, say) gets the first
         block of the lookahead window, on the grid ``block_end + j * K`` (K the current block's
-        length). No host sync.
+        length; per-row block starts, ``[B]``, work the same). No host sync.
         """
         eligible = state.eligible
         length = eligible.shape[1]
         pos = torch.arange(length, device=eligible.device)
         bs, be = state.block_start, state.block_end
         first = torch.where(eligible, pos, length).min(1).values  # [B]
-        width = max(be - bs, 1)
+        width = (be - bs).clamp(min=1) if per_row(bs) else max(be - bs, 1)
         ahead = be + (first - be).clamp(min=0) // width * width
         start = torch.where(first < be, bs, ahead)
         end = torch.where(first < be, be, ahead + width)

@@ -44,6 +44,7 @@ from torch import Tensor
 from dllm_decode.kernels.reference import filter_logits
 from dllm_decode.policies.base import lowest
 from dllm_decode.policies.capabilities import Capabilities
+from dllm_decode.policies.rows import as_rows, per_row, positions, uniform
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import Selection, StepState
 
@@ -82,7 +83,8 @@ class SubBlockThreshold:
         return Capabilities(budgeted=False, preferred_cache="block_causal",
                             requires_attention="block_causal", proposal_fields=(),
                             reads_masked_only=not sample, needs_logits=sample,
-                            samples_tokens=sample, sub_block_size=self.small_block_size)
+                            samples_tokens=sample, sub_block_size=self.small_block_size,
+                            row_steps=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "SubBlockThreshold")
@@ -101,6 +103,8 @@ class SubBlockThreshold:
         """``[B, L]`` commits (the class docstring's rule); at ``temperature > 0`` a
         ``Selection`` with the drawn ``tokens`` / ``prob`` ``[B, L]`` of the current
         sub-blocks."""
+        if per_row(state.block_step) or per_row(state.block_start):
+            return self._select_rows(state)
         eligible, prob = state.eligible, state.proposal.prob
         block = self.block_size or (state.block_end - state.block_start)
         start = (state.block_start // block) * block  # the aligned block's first position
@@ -126,6 +130,35 @@ class SubBlockThreshold:
         # mask_in_softmax: a drawn mask is written as a no-op by the reference
         return Selection(commit & (tokens != state.model.mask_token_id), tokens, prob)
 
+    def _select_rows(self, state: StepState) -> Tensor | Selection:
+        """``select`` with per-row block steps / starts: the AR-token rows and the sub-block
+        rows decided together, each row as ``select`` decides it alone."""
+        eligible, prop = state.eligible, state.proposal
+        b, length = eligible.shape
+        device = eligible.device
+        bs = as_rows(state.block_start, b, device)
+        step = as_rows(state.block_step, b, device)
+        block = self.block_size or (state.block_end - bs)
+        start = (bs // block) * block  # [B] each aligned block's first position
+        pos = positions(length, device)
+        ar = ((step == 0) & (bs == start))[:, None]  # [B, 1] rows committing their AR token
+        first = torch.where(eligible, pos, length).min(1, keepdim=True).values
+        sub = self.small_block_size
+        start = start[:, None]
+        current = eligible & ((pos - start) // sub == (first - start) // sub)
+        tokens, prob = None, prop.prob
+        if self.temperature > 0 and state.logits is not None and state.model is not None:
+            tokens, prob = self._sample(state, start + (first - start) // sub * sub)
+        best = torch.where(current, prob, lowest(prob.dtype)).argmax(-1, keepdim=True)
+        commit = current & (prob > self.threshold).scatter(-1, best, True)
+        commit = torch.where(ar, eligible & (pos == start), commit)
+        if tokens is None:
+            return commit
+        # AR rows commit the proposal's (greedy) token; a drawn mask is not written
+        tokens = torch.where(ar, prop.tokens, tokens)
+        prob = torch.where(ar, prop.prob, prob)
+        return Selection(commit & ((tokens != state.model.mask_token_id) | ar), tokens, prob)
+
     def _sample(self, state: StepState, sub_start: Tensor) -> tuple[Tensor, Tensor]:
         """``[B, L]`` tokens and their probabilities: one draw per row over the rows of its
         current sub-block (starting at ``sub_start [B, 1]``; the proposal elsewhere)."""
@@ -141,7 +174,10 @@ class SubBlockThreshold:
             z[..., state.model.mask_token_id] = state.mask_logit.gather(1, idx).float()
         # the reference's distribution: softmax(z / T), top-p (sorted cumulative mass), renormed
         probs = torch.softmax(filter_logits(z, self.temperature, self.top_p, None), dim=-1)
-        noise = torch.empty_like(probs).exponential_(1, generator=state.generator)
+        if state.row_seeds is not None:  # Exp(1) noise -log(u) from each row's seed
+            noise = uniform(state, tuple(probs.shape)).log_().neg_().to(probs.dtype)
+        else:
+            noise = torch.empty_like(probs).exponential_(1, generator=state.generator)
         drawn = torch.argmax(probs / noise, dim=-1)  # torch.multinomial(probs, 1) per row
         p_drawn = probs.gather(-1, drawn[..., None])[..., 0]
         tokens = state.proposal.tokens.scatter(1, at, drawn)

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from dllm_decode.policies.base import rank_desc, step_score, to_canvas, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
+from dllm_decode.policies.rows import last_step, per_row
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, StepState
 
@@ -43,7 +44,8 @@ class KLASSMemory:
     last fresh distribution (allocated at the first step, when V is known: B·L·V·4 bytes, e.g.
     0.2 GB for L = 400, V = 126k; the reference keeps fp64). ``fresh_prev`` ``[B, L]``: scored
     at the previous step. ``kl`` ``[B, L, h]``: the last h KLs (+inf = none). ``block`` /
-    ``block_step``: host counters for the in-block warm-up (no sync)."""
+    ``block_step``: host counters for the in-block warm-up (no sync; with per-row steps the
+    warm-up reads ``state.block_step`` and these are not used)."""
 
     kl: Tensor
     fresh_prev: Tensor
@@ -80,7 +82,7 @@ class KLASS:
     history: int = 2
     unmask_strategy: str = "all"
     capabilities = Capabilities(needs_logits=True, full_span=True, proposal_fields=(),
-                                reads_masked_only=True, at_least_budget=True)
+                                reads_masked_only=True, at_least_budget=True, row_steps=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "KLASS")
@@ -132,21 +134,26 @@ class KLASS:
         """Commit mask ``[B, L]``: the ready set, else top-``budget`` by confidence."""
         mem: KLASSMemory = state.memory
         kl = self.kl_step(state)
-        if state.block != mem.block:
+        rows = per_row(state.block_step)  # per row: the warm-up reads the rows' block steps
+        if not rows and state.block != mem.block:
             mem.block, mem.block_step = state.block, 0
-        else:
+        elif not rows:
             mem.block_step += 1
         conf, eligible = state.proposal.prob, state.eligible
         stable = (mem.kl < self.kl_threshold).all(-1)
         ready = eligible & (conf > self.conf_threshold) & stable
-        if mem.block_step < self.history - 1:  # the reference's in-block warm-up
+        if rows:
+            ready = ready & (state.block_step >= self.history - 1)[:, None]
+        elif mem.block_step < self.history - 1:  # the reference's in-block warm-up
             ready = torch.zeros_like(ready)
         if self.unmask_strategy != "all":  # a single ready position per row
             one = torch.ones_like(conf[:, 0], dtype=torch.long)
             ready = topk_mask(conf if self.unmask_strategy == "max_conf" else -kl, ready, one)
         fallback = topk_mask(conf, eligible, state.budget)
         commit = torch.where(ready.any(1, keepdim=True), ready, fallback)
-        if state.steps_left == 1:
+        if per_row(state.steps_left):  # a row's last scheduled step commits what is left
+            commit = torch.where(last_step(state)[:, None], eligible, commit)
+        elif state.steps_left == 1:
             commit = eligible.clone()
         return commit
 
@@ -189,9 +196,10 @@ class CCD:
     @property
     def capabilities(self) -> Capabilities:
         """Budgeted, the budget a floor (a consistent set may be larger); reads the proposal
-        field of ``score`` (and the greedy token) at masked positions."""
+        field of ``score`` (and the greedy token) at masked positions; per-row ``step``
+        (``row_steps``)."""
         return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True,
-                            at_least_budget=True)
+                            at_least_budget=True, row_steps=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -204,10 +212,13 @@ class CCD:
         return CCDMemory(buffer=torch.zeros(batch, length, dtype=torch.bool, device=device),
                          prev_argmax=torch.full((batch, length), -1, device=device))
 
-    def width(self, step: int, k: Tensor) -> Tensor:
-        """``[B]`` candidate width V at global ``step`` for budgets ``k [B]``."""
-        grown = 1 if step < self.warm_up - 1 else step - self.warm_up + 3
+    def width(self, step: int | Tensor, k: Tensor) -> Tensor:
+        """``[B]`` candidate width V at global ``step`` (shared, or ``[B]`` per row) for
+        budgets ``k [B]``."""
         v_max = k + torch.floor(k * self.expand_ratio + 1e-9).long()
+        if per_row(step):
+            return torch.minimum(v_max, (step - self.warm_up + 3).clamp(min=1))
+        grown = 1 if step < self.warm_up - 1 else step - self.warm_up + 3
         return v_max.clamp(max=grown)
 
     def select(self, state: StepState) -> Tensor:
@@ -217,15 +228,18 @@ class CCD:
         score, greedy = step_score(state, self.score), state.proposal.greedy
         ranks = rank_desc(score, eligible)
         top = eligible & (ranks < k[:, None])
-        v = self.width(state.step, k)
+        step = state.step
+        v = self.width(step, k)
         commit = top
-        if state.step >= self.warm_up:
+        if per_row(step) or step >= self.warm_up:
             buffer = mem.buffer & eligible
             kept = buffer & (ranks < v[:, None]) & (greedy == mem.prev_argmax)
             n_kept = kept.sum(1)
             if not self.seek_mode:
                 kept = topk_mask(score, kept, k)
             early = (top & buffer).any(1) & (n_kept >= k) & (k > 0)
+            if per_row(step):  # the rule applies from each row's own warm-up step on
+                early = early & (step >= self.warm_up)
             commit = torch.where(early[:, None], kept, top)
         rest = eligible & ~commit
         mem.buffer.copy_(rest & (rank_desc(score, rest) < v[:, None]))

@@ -62,7 +62,10 @@ from dllm_decode.policies.learn2pd_filter import (
     L2PFilter,
     LoadedFilter,
     ModelFingerprint,
+    block_features,
     check_fingerprint,
+    filter_window,
+    filter_windows,
     find_bundled_filter,
     load_filter,
     model_device,
@@ -71,6 +74,7 @@ from dllm_decode.policies.learn2pd_filter import (
 )
 from dllm_decode.policies.policy import Policy
 from dllm_decode.policies.resolve import make_policy
+from dllm_decode.policies.rows import column, last_step, per_row
 from dllm_decode.types import ScoreKind, StepState
 
 #: ``state.extras`` key under which Learn2PD records the filter-accepted set ``[B, L]`` bool
@@ -79,44 +83,9 @@ ACCEPTED: Final = "learn2pd_accepted"
 __all__ = [
     "ACCEPTED", "DEFAULT_ACCEPT_THRES", "FEATURES", "EoTP", "FilterCard", "FilterMismatchError",
     "FullSpan", "L2PFilter", "Learn2PD", "LoadedFilter", "ModelFingerprint", "block_features",
-    "check_fingerprint", "eotp_policy", "filter_window", "find_bundled_filter",
+    "check_fingerprint", "eotp_policy", "filter_window", "filter_windows", "find_bundled_filter",
     "learn2pd_policy", "load_filter", "save_filter", "with_eotp",
 ]
-
-
-def filter_window(state: StepState, block_length: int) -> int:
-    """Canvas index of the first of the K positions the filter sees (no host sync).
-
-    The current block, or for a partial block of a block-diffusion model (first block starting
-    inside the prompt, last block cut by the canvas end) its K-aligned span.
-    """
-    bs, be, k = state.block_start, state.block_end, block_length
-    if be - bs == k:
-        return bs
-    if be - bs < k and bs == state.gen_start and be % k == 0:
-        return be - k
-    if be - bs < k and bs % k == 0 and be == state.canvas.shape[1]:
-        return bs
-    raise FilterMismatchError(
-        f"block length {be - bs} != the Learn2PD filter's input width {k}; decode with "
-        f"block_length={k} or train a filter for this block length (dllm-decode train "
-        f"learn2pd --block-length {be - bs})")
-
-
-def block_features(state: StepState, feature: str, block_length: int) -> tuple[Tensor, int]:
-    """The filter input ``[B, K]`` float32 and the window start (see ``filter_window``)."""
-    start = filter_window(state, block_length)
-    prop = state.proposal
-    if feature == "llada_prob_all":
-        full = prop.prob.float()
-    elif feature == "dream_negent_masked":
-        full = torch.where(state.masked, prop.neg_entropy.float(), 0.0)
-    else:
-        raise ValueError(f"feature must be one of {FEATURES}, got {feature!r}")
-    pad = start + block_length - full.shape[1]
-    if pad > 0:
-        full = torch.nn.functional.pad(full, (0, pad))
-    return full[:, start:start + block_length], start
 
 
 @dataclass(frozen=True)
@@ -156,7 +125,8 @@ class Learn2PD:
         return Capabilities(full_span=self.full_span, at_least_budget=True,
                             proposal_fields=(*feature, *score_fields(self.fallback)),
                             # llada_prob_all reads committed positions of the window too
-                            reads_masked_only=self.feature == "dream_negent_masked")
+                            reads_masked_only=self.feature == "dream_negent_masked",
+                            row_steps=True)
 
     def __post_init__(self) -> None:
         if self.feature not in FEATURES:
@@ -223,6 +193,12 @@ class Learn2PD:
         feats, start = block_features(state, self.feature, self.block_length)
         ok = torch.sigmoid(run_filter(self.filter, feats)) > self.accept_thres  # [B, K]
         b, length = state.eligible.shape
+        if per_row(start):  # each row's window, scattered (never past L + K: no collisions)
+            ok = ok & filter_windows(state, self.block_length)[1][:, None]
+            at = start[:, None] + torch.arange(self.block_length, device=ok.device)
+            window = torch.zeros(b, length + self.block_length, dtype=torch.bool,
+                                 device=ok.device).scatter_(1, at, ok)
+            return window[:, :length] & state.eligible
         window = torch.zeros(b, max(length, start + self.block_length), dtype=torch.bool,
                              device=ok.device)
         window[:, start:start + self.block_length] = ok
@@ -235,6 +211,8 @@ class Learn2PD:
         b = score.shape[0]
         if state.budget is None:
             k = torch.ones(b, dtype=torch.long, device=score.device)
+        elif per_row(state.steps_left):  # each row's last scheduled step finishes its block
+            k = torch.where(last_step(state), score.shape[1], state.budget.clamp_min(1))
         elif state.steps_left == 1:  # the block's last scheduled step finishes it, per row
             k = torch.full_like(state.budget, score.shape[1])
         else:
@@ -261,8 +239,9 @@ class EoTP:
     """
 
     eos_token_ids: tuple[int, ...] | None = None
-    #: tokens and prob of masked positions only
-    capabilities = Capabilities(full_span=True, proposal_fields=(), reads_masked_only=True)
+    #: tokens and prob of masked positions only; per-row ``gen_start`` (``row_steps``)
+    capabilities = Capabilities(full_span=True, proposal_fields=(), reads_masked_only=True,
+                                row_steps=True)
 
     def __post_init__(self) -> None:
         if self.eos_token_ids is not None:
@@ -281,8 +260,11 @@ class EoTP:
         tokens, prob = state.proposal.tokens, state.proposal.prob
         b, length = tokens.shape
         g0 = state.gen_start
+        rows = per_row(g0)
         current = state.extras.get("lengths")
-        if current is None:
+        if current is None and rows:
+            current = length - g0
+        elif current is None:
             current = torch.full((b,), length - g0, dtype=torch.long, device=tokens.device)
         ids = self.eos_token_ids or state.extras.get("eos_token_ids")
         if not ids:
@@ -293,7 +275,7 @@ class EoTP:
         for other in ids[1:]:  # scalar compares: no host-to-device copy of the ids
             is_eos |= tokens == other
         pos = torch.arange(length, device=tokens.device)
-        is_eos &= pos >= g0
+        is_eos &= pos >= column(g0)
         accepted = state.extras.get(ACCEPTED)
         by_filter = is_eos & accepted if accepted is not None else torch.zeros_like(is_eos)
         first = torch.where(by_filter, pos, length).min(1).values

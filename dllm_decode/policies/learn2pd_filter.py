@@ -1,4 +1,5 @@
-"""Learn2PD filter: the 2-layer MLP, its model fingerprint, and safetensors save/load.
+"""Learn2PD filter: the 2-layer MLP, its model fingerprint, safetensors save/load, and the
+block features it reads (``filter_window``, ``block_features``).
 
 Bao, Chen, Xu, Shang, arXiv 2509.25188. A filter is tied to a (model, block length, feature)
 triple; loading checks the fingerprint and the block length and names every mismatch.
@@ -15,6 +16,9 @@ from typing import Any, Final, NamedTuple
 import torch
 from safetensors.torch import load_file, save_file
 from torch import Tensor, nn
+
+from dllm_decode.policies.rows import as_rows, per_row
+from dllm_decode.types import StepState
 
 #: feature names: LLaDA (prob at every block position) and Dream (neg-entropy, masked only)
 FEATURES: Final = ("llada_prob_all", "dream_negent_masked")
@@ -241,6 +245,66 @@ def run_filter(module: Any, features: Tensor) -> Tensor:
     if p is not None and (p.device != features.device or p.dtype != features.dtype):
         return module(features.to(p.device, p.dtype)).to(features.device, torch.float32)
     return module(features).float()
+
+
+def filter_window(state: StepState, block_length: int) -> int:
+    """Canvas index of the first of the K positions the filter sees (no host sync).
+
+    The current block, or for a partial block of a block-diffusion model (first block starting
+    inside the prompt, last block cut by the canvas end) its K-aligned span.
+    """
+    bs, be, k = state.block_start, state.block_end, block_length
+    if be - bs == k:
+        return bs
+    if be - bs < k and bs == state.gen_start and be % k == 0:
+        return be - k
+    if be - bs < k and bs % k == 0 and be == state.canvas.shape[1]:
+        return bs
+    raise FilterMismatchError(
+        f"block length {be - bs} != the Learn2PD filter's input width {k}; decode with "
+        f"block_length={k} or train a filter for this block length (dllm-decode train "
+        f"learn2pd --block-length {be - bs})")
+
+
+def filter_windows(state: StepState, block_length: int) -> tuple[Tensor, Tensor]:
+    """``filter_window`` per row, for per-row block starts (``Capabilities.row_steps``):
+    ``(start [B] int64, valid [B] bool)``. A row whose block matches none of the windows
+    (``filter_window`` raises there) is not valid: its filter accepts nothing. No host sync."""
+    b, length = state.canvas.shape
+    device = state.canvas.device
+    bs = as_rows(state.block_start, b, device)
+    gs = as_rows(state.gen_start, b, device)
+    be, k = state.block_end, block_length
+    short = (be - bs) < k
+    own = bs == be - k  # the block is the window
+    cut_first = short & (bs == gs) & (be % k == 0)  # a first block starting inside the prompt
+    cut_last = short & (bs % k == 0) & (be == length)  # a last block cut by the canvas end
+    start = torch.where(cut_first & ~own, be - k, bs)
+    return start, own | cut_first | cut_last
+
+
+def block_features(state: StepState, feature: str, block_length: int) -> tuple[Tensor,
+                                                                                 int | Tensor]:
+    """The filter input ``[B, K]`` float32 and the window start (see ``filter_window``; per-row
+    block starts: ``[B]`` int64, zeros past the canvas as the shared form's padding)."""
+    prop = state.proposal
+    if feature == "llada_prob_all":
+        full = prop.prob.float()
+    elif feature == "dream_negent_masked":
+        full = torch.where(state.masked, prop.neg_entropy.float(), 0.0)
+    else:
+        raise ValueError(f"feature must be one of {FEATURES}, got {feature!r}")
+    if per_row(state.block_start) or per_row(state.gen_start):
+        start = filter_windows(state, block_length)[0]
+        at = start[:, None] + torch.arange(block_length, device=full.device)  # [B, K]
+        inside = at < full.shape[1]
+        feats = full.gather(1, at.clamp(max=full.shape[1] - 1))
+        return torch.where(inside, feats, 0.0), start
+    start = filter_window(state, block_length)
+    pad = start + block_length - full.shape[1]
+    if pad > 0:
+        full = torch.nn.functional.pad(full, (0, pad))
+    return full[:, start:start + block_length], start
 
 
 # ---- the selector --------------------------------------------------------------------------

@@ -38,6 +38,7 @@ from dllm_decode.policies.capabilities import (
     union_fields,
 )
 from dllm_decode.policies.confidence import TopK
+from dllm_decode.policies.rows import last_step, per_row
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import ScoreKind, Selection, StepState
 
@@ -53,10 +54,11 @@ class DynamicThreshold:
 
     @property
     def capabilities(self) -> Capabilities:
-        """SDAR's even budget split, as a floor; reads the proposal field of ``score`` only."""
+        """SDAR's even budget split, as a floor; reads the proposal field of ``score`` only;
+        per-row steps left (``row_steps``)."""
         return Capabilities(preferred_schedule="llada", proposal_fields=score_fields(self.score),
                             at_least_budget=True,
-                            reads_masked_only=True)
+                            reads_masked_only=True, row_steps=True)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
@@ -66,14 +68,18 @@ class DynamicThreshold:
 
     def select(self, state: StepState) -> Tensor:
         score = step_score(state, self.score)
-        if state.steps_left == 1:
+        rows = per_row(state.steps_left)
+        if not rows and state.steps_left == 1:
             return state.eligible
         budget = state.budget
         if budget is None:
             budget = torch.ones(score.shape[0], dtype=torch.long, device=score.device)
         high = state.eligible & (score > self.tau)
         enough = high.sum(1) >= budget
-        return torch.where(enough[:, None], high, topk_mask(score, state.eligible, budget))
+        commit = torch.where(enough[:, None], high, topk_mask(score, state.eligible, budget))
+        if rows:  # a row's last scheduled step commits everything left
+            commit = torch.where(last_step(state)[:, None], state.eligible, commit)
+        return commit
 
 
 @dataclass(frozen=True)
@@ -92,7 +98,8 @@ class BudgetCapped:
         inner = capabilities_of(self.inner)
         return Capabilities(proposal_fields=union_fields(inner.proposal_fields,
                                                          score_fields(self.score)),
-                            reads_masked_only=inner.reads_masked_only)
+                            reads_masked_only=inner.reads_masked_only,
+                            row_steps=inner.row_steps)
 
     def select(self, state: StepState) -> Tensor:
         chosen = self.inner.select(state)

@@ -42,6 +42,7 @@ from torch import Tensor
 from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.policy import Policy
 from dllm_decode.policies.resolve import make_policy
+from dllm_decode.policies.rows import as_rows, column, per_row
 from dllm_decode.policies.sched_step import RegionMemo, decide, order_stat
 from dllm_decode.policies.supervised import PairedMemory, Supervised  # noqa: F401 (re-export)
 from dllm_decode.policies.validate import check_fields
@@ -128,8 +129,9 @@ class SchED:
     """
 
     #: reads the top-2 logit margin (and the always-present greedy tokens), at every fresh
-    #: position of its region, masked or not
-    capabilities = Capabilities(proposal_fields=("logit_margin",))
+    #: position of its region, masked or not; per-row progress / steps / generation starts
+    #: (``row_steps``)
+    capabilities = Capabilities(proposal_fields=("logit_margin",), row_steps=True)
 
     tau_mode: str = "cosine"
     tau_high: float = 7.5
@@ -188,7 +190,8 @@ class SchED:
     # ---- schedule ----------------------------------------------------------------------
     def threshold(self, u: float | Tensor) -> float | Tensor:
         """τ at clock ``u`` (clipped to [0, 1]); non-increasing in u. A 0-d float64 tensor
-        ``u`` (the compiled step's ``progress``) gives a 0-d tensor by the same formulas."""
+        ``u`` (the compiled step's ``progress``) gives a 0-d tensor by the same formulas, a
+        ``[B]`` one (per-row progress) a ``[B]`` tensor."""
         hi, lo = self.tau_high, self.tau_low
         if hi == lo:
             return hi
@@ -223,14 +226,30 @@ class SchED:
             return lo + (hi - lo) * w
         return torch.where(w > 0, w * hi, 0.0) + torch.where(w < 1, (1.0 - w) * lo, 0.0)
 
-    def clock(self, state: StepState) -> float:
-        """Schedule clock: ``i / (T - 1)``; Prophet's phases use ``(i + 1) / T``."""
+    def clock(self, state: StepState) -> float | Tensor:
+        """Schedule clock: ``i / (T - 1)``; Prophet's phases use ``(i + 1) / T`` (``[B]``
+        float64 for per-row steps)."""
         if self.tau_mode != "piecewise":
             return state.progress
         total = state.extras.get("total_steps")
+        if per_row(state.step) or per_row(total) or per_row(state.progress):
+            return self._phase_rows(state, total)
         if total is None and state.step > 0 and state.progress > 0:
             total = round(state.step / state.progress) + 1
         return (state.step + 1) / total if total else 0.0
+
+    @staticmethod
+    def _phase_rows(state: StepState, total: Any) -> Tensor:
+        """``clock``'s ``(i + 1) / T`` per row, float64 as Python computes it (``T`` derived
+        from the progress where not given; 0 where unknown)."""
+        b, device = state.masked.shape[0], state.masked.device
+        step = as_rows(state.step, b, device)
+        if total is None:
+            progress = as_rows(state.progress, b, device, torch.float64)
+            known = (step > 0) & (progress > 0)  # elsewhere the quotient is not used
+            total = torch.where(known, torch.round(step / progress).long() + 1, 0)
+        total = as_rows(total, b, device)
+        return torch.where(total != 0, (step + 1).double() / total.double(), 0.0)
 
     # ---- statistic ---------------------------------------------------------------------
     def region_mask(self, state: StepState) -> Tensor:
@@ -240,15 +259,17 @@ class SchED:
         p = state.gen_start
         lengths = state.extras.get("lengths")
         if lengths is None:
-            lengths = torch.full((b,), length - p, device=masked.device)
+            lengths = length - p if per_row(p) else torch.full((b,), length - p,
+                                                               device=masked.device)
         end = (p + lengths)[:, None]
         pos = torch.arange(length, device=masked.device)[None]
         if self.region == "all":
             return (pos < end).expand(b, -1)
         start = p + (self.region_start if self.region == "explicit" else 0)
         if self.region == "explicit" and self.region_end is not None:
-            end = end.clamp(max=p + self.region_end)
-        return (pos >= start) & (pos < end)
+            end = torch.minimum(end, column(p + self.region_end)) if per_row(p) else \
+                end.clamp(max=p + self.region_end)
+        return (pos >= column(start)) & (pos < end)
 
     def aggregate(self, values: Tensor, focus: Tensor) -> Tensor:
         """``stat`` of ``values [B, L]`` over ``focus [B, L]`` per row -> ``[B]`` (empty: -inf)."""
@@ -267,8 +288,10 @@ class SchED:
 
     @staticmethod
     def _gen(state: StepState) -> Tensor:
-        return (torch.arange(state.masked.shape[1], device=state.masked.device)
-                >= state.gen_start)[None]
+        pos = torch.arange(state.masked.shape[1], device=state.masked.device)
+        if per_row(state.gen_start):
+            return pos[None] >= state.gen_start[:, None]
+        return (pos >= state.gen_start)[None]
 
     # ---- the stopper -------------------------------------------------------------------
     def should_stop(self, state: StepState) -> Tensor:

@@ -34,6 +34,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from dllm_decode.policies.rows import per_row
 from dllm_decode.types import StepState
 
 
@@ -62,7 +63,9 @@ def region_memo(stopper: Any, state: StepState, mem: Any) -> RegionMemo:
     ``mem.regions`` when it is still valid)."""
     lengths = state.extras.get("lengths")
     key = (lengths, state.gen_start, tuple(state.masked.shape))
-    compiling = torch.compiler.is_compiling()
+    # per-row generation starts (``row_steps``): rows come and go between calls, nothing is
+    # memoised (the memory keeps tensors with the request as leading dim only)
+    compiling = torch.compiler.is_compiling() or per_row(state.gen_start)
     memo = None if mem is None or compiling else mem.regions
     # ``lengths`` is compared by identity: the sampler replaces it (never edits it in place)
     if memo is not None and memo.key[0] is lengths and memo.key[1:] == key[1:]:
@@ -135,7 +138,10 @@ def decide(stopper: Any, state: StepState, mem: Any) -> Tensor:
         gbar = order_stat(margin, focus, n, s.stat, s.q)
     if not s.average_over_masked:
         gbar = torch.where(reg.focus_ok, gbar, -torch.inf)
-    fire = gbar >= s.threshold(s.clock(state))
+    tau = s.threshold(s.clock(state))
+    if per_row(tau):  # per-row clocks: compared in float32, as a host threshold is
+        tau = tau.to(gbar.dtype)
+    fire = gbar >= tau
     progressed = None
     if s.min_progress > 0:  # progress_R = 1 - |R ∩ M| / |R| >= 0 always
         progressed = (1.0 - n_open / reg.size) >= s.min_progress

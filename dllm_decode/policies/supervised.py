@@ -62,11 +62,14 @@ class Supervised:
                             stopper=init(batch, length, device) if init else None)
 
     def fuse_logits(self, logits: Tensor, rows: Tensor, masked: Tensor, memory: Any,
-                    block: tuple[int, int]) -> Tensor:
+                    block: tuple[Any, int], block_step: Tensor | None = None) -> Tensor:
         """The base selector's score transform (``Capabilities.fuses_logits``, declared by the
-        base) with the base's own memory."""
+        base) with the base's own memory (``block_step``: per-row steps, passed on)."""
         own = memory.selector if isinstance(memory, PairedMemory) else memory
-        return self.selector.fuse_logits(logits, rows, masked, own, block)
+        if block_step is None:
+            return self.selector.fuse_logits(logits, rows, masked, own, block)
+        return self.selector.fuse_logits(logits, rows, masked, own, block,
+                                         block_step=block_step)
 
     def select(self, state: StepState) -> Tensor:
         """The base selector's result (a commit mask ``[B, L]`` or a ``Selection``)."""

@@ -32,6 +32,7 @@ from torch import Tensor
 from dllm_decode.policies.base import step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.policy import Policy
+from dllm_decode.policies.rows import per_row
 from dllm_decode.types import ScoreKind, StepState
 
 
@@ -101,10 +102,12 @@ class EosCut:
     """Truncator: cut each row right after its first EOS (generation region), as Window-
     Diffusion's Dream ``early_stop`` does; rows without EOS keep their length."""
 
-    #: the proposal's tokens at the commits only
-    capabilities = Capabilities(proposal_fields=(), reads_masked_only=True)
+    #: the proposal's tokens at the commits only; per-row ``gen_start`` (``row_steps``)
+    capabilities = Capabilities(proposal_fields=(), reads_masked_only=True, row_steps=True)
 
     def truncate(self, state: StepState, commit: Tensor) -> Tensor:
+        if per_row(state.gen_start):
+            return self._truncate_rows(state, commit)
         model = state.model
         gen = torch.where(commit, state.proposal.tokens, state.canvas)[:, state.gen_start:]
         g = gen.shape[1]
@@ -115,6 +118,24 @@ class EosCut:
             is_eos = is_eos | (gen == eos)
         first = is_eos.long().argmax(1)
         return torch.where(is_eos.any(1), first + 1, g)
+
+    @staticmethod
+    def _truncate_rows(state: StepState, commit: Tensor) -> Tensor:
+        """``truncate`` with per-row generation starts ``g0 [B]``: lengths count from each
+        row's own start (``L - g0`` without an EOS)."""
+        model = state.model
+        tokens = torch.where(commit, state.proposal.tokens, state.canvas)
+        length = tokens.shape[1]
+        g0 = state.gen_start
+        if model is None or not model.eos_token_ids:
+            return length - g0
+        is_eos = tokens == model.eos_token_ids[0]
+        for eos in model.eos_token_ids[1:]:
+            is_eos = is_eos | (tokens == eos)
+        pos = torch.arange(length, device=tokens.device)
+        is_eos = is_eos & (pos[None] >= g0[:, None])
+        first = torch.where(is_eos, pos, length).min(1).values
+        return torch.where(is_eos.any(1), first + 1 - g0, length - g0)
 
 
 def window_dream(*, early_stop: bool = False, score: ScoreKind = ScoreKind.NEG_ENTROPY) -> Policy:

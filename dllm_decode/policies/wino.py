@@ -77,7 +77,9 @@ class WideIn:
     accept_ratio: float = 0.7
     accept_min: int = 5
     accept_max: int = 20
-    capabilities = Capabilities(budgeted=False, proposal_fields=(), reads_masked_only=True)
+    #: no step value (``row_steps``)
+    capabilities = Capabilities(budgeted=False, proposal_fields=(), reads_masked_only=True,
+                                row_steps=True)
 
     def __post_init__(self) -> None:
         check_fields(self, "WideIn")

@@ -72,11 +72,14 @@ class ProposalMaker:
                                      else [self.mask_id], device=generator.device)
 
     def propose(self, logits: Tensor, fed: Fed, rows: Tensor, masked: Tensor,
-                n_masked: int, *, edited: bool = False) -> Proposal:
+                n_masked: int, *, edited: bool = False,
+                row_seeds: Tensor | None = None) -> Proposal:
         """logits ``[B, R, V]`` for canvas ``rows`` -> Proposal ``[B, R]``.
 
         Edits ``logits`` in place (the mask token and, if asked, EOS become -inf) unless
-        ``edited`` says the caller already did (``edit``).
+        ``edited`` says the caller already did (``edit``). ``row_seeds`` (``[B]`` int64): draw
+        each row's noise from its own counter-based stream (``kernels.row_uniform``) instead of
+        ``generator``, so a row's tokens do not depend on its batch (serving engines).
         """
         cfg = self.cfg
         if not edited:
@@ -88,9 +91,10 @@ class ProposalMaker:
         # the torch reference directly when that is the resolved impl (no dispatch per step)
         propose = reference.propose if self.impl is Impl.REFERENCE else functools.partial(
             kernels.propose, impl=self.impl)
+        extra = {} if row_seeds is None or temperature == 0 else {"row_seeds": row_seeds}
         prop = propose(logits, temperature=temperature, sampling=self.sampling,
                        top_p=cfg.top_p, top_k=cfg.top_k, noise=noise, generator=self.generator,
-                       fields=self.fields)
+                       fields=self.fields, **extra)
         if self.softmax_prob:
             return self.reference_prob(logits, prop)
         if cfg.confidence_eos_eot_inf and self.sampling == "gumbel":

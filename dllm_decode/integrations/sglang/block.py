@@ -15,71 +15,76 @@ first step whose forward saw the block complete (no mask left, and for editing p
 change since), never at the step that commits its last mask. Editing policies run post steps
 while they edit, at most ``max_post_steps`` (``samplers.editing``'s rule).
 
-State is per request (``RequestBlock``, carried by SGLang between first-done-first-out rounds
-in any row order). The host integers of a ``StepState`` (block step, steps left, progress,
-time grid) are per row; rows that share them are decided in one call, and all rows in one call
-when the policy reads none of those that differ (the state records what is read (``views.Watched``),
-and a call that read a differing value, or drew from the generator, is redone per group / per
-request). Policies with per-request memory or sampling run one request per call, with the
-request's memory and generator, so every tensor-parallel rank decides identically and a
-request's tokens do not depend on its batch.
+One policy call per round (``round_rows.RoundRows``): rows at different steps of their blocks (the
+normal case under first-done-first-out scheduling) share the call, their step values as ``[B]``
+tensors (``Capabilities(row_steps=True)``, every built-in part), their memory gathered from the
+``pool.RequestPool`` by slot and scattered back, their random draws from per-request
+counter-based streams (``row_seeds``: the request's seed mixed with its block step), so a
+request's draws do not depend on its batch and every tensor-parallel rank draws the same. A
+part that does not declare ``row_steps`` (a user's class) is decided as before: all rows in one
+call while it reads no per-row step value, else one call per step value, one per request if it
+draws from ``state.generator``. A policy error is contained: logged once per failing call, the
+call's rows commit their single most confident eligible position.
 """
 
 from __future__ import annotations
 
+import logging
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from dllm_decode.integrations.sglang.pool import RequestPool
+from dllm_decode.integrations.sglang.round_rows import STEP, RoundRows, Tables
 from dllm_decode.integrations.sglang.spec import ServedModel, ServingSpec, refuse_unservable
 from dllm_decode.integrations.sglang.views import (
     ServedStepModel,
     Watched,
     WatchedExtras,
-    index_of,
     request_seed,
     take_rows,
+    unscored,
 )
-from dllm_decode.policies.base import bind_of, init_memory_of
+from dllm_decode.policies.base import bind_of, top1_mask
 from dllm_decode.policies.capabilities import policy_capabilities
-from dllm_decode.samplers import schedule as sch
 from dllm_decode.samplers.contract import PolicyContractError, StepGuard
-from dllm_decode.samplers.proposals import ProposalMaker, widen
+from dllm_decode.samplers.proposals import ProposalMaker
 from dllm_decode.types import Proposal, Selection, StepState
 
+logger = logging.getLogger("dllm_decode.integrations.sglang")
+#: the default bound on the per-request pool (the YAML's ``pool_budget_mb`` overrides it)
+POOL_BUDGET = 4 << 30
 
-@dataclass
+
+@dataclass(eq=False)
 class RequestBlock:
-    """One request's block in progress (SGLang's ``dllm_algo_state``; host values unless noted).
+    """One request's block in progress (SGLang's ``dllm_algo_state``; host values).
 
     Attributes:
-        prompt: ``[K]`` bool prompt positions of the block (device).
+        rid: the request id ("" when SGLang gave none).
         open: positions to decode at the block's start; n_commit: its scheduled (commit)
             steps; n_iter: plus the editing post steps.
-        seed: the request's seed for this block (``None``: the policy draws nothing).
+        seed: the request's seed for this block (``None``: no request ids, nothing may draw).
+        slot: its row of the decoder's ``RequestPool`` (prompt mask, memory, length).
         step: steps taken; has_mask: the block still has a mask (as of the last step);
         post_used: editing post steps taken; done: the block is emitted.
-        plan: ``[n_iter, 3]`` float64 per step: LLaDA budget, Dream fraction, last scheduled
-            step (device; made at the first step, one tensor shared by blocks alike).
-            memory / generator / lengths: the policy's per-request memory, generator and
-            truncation length (made on first use).
+        generator: a ``torch.Generator`` for a user policy without ``row_steps`` that draws
+            from ``state.generator`` (made on first use).
     """
 
-    prompt: Tensor
+    rid: str
     open: int
     n_commit: int
     n_iter: int
     seed: int | None = None
+    slot: int = -1
     step: int = 0
     has_mask: bool = True
     post_used: int = 0
     done: bool = False
-    plan: Tensor | None = None
-    memory: Any = None
     generator: torch.Generator | None = None
-    lengths: Tensor | None = None
 
     def key(self) -> tuple[int, int, int]:
         """The host integers its ``StepState`` is built from: step, schedule length and open
@@ -88,21 +93,25 @@ class RequestBlock:
 
 
 class BlockDecoder:
-    """Decodes SGLang rows with ``spec``'s policy (bound to the served model on first use).
+    """Decodes SGLang rows with ``spec``'s policy (bound to the served model by ``bind``).
 
     Args:
         spec: the resolved ``--dllm-algorithm-config``.
         block_size, mask_id: SGLang's ``K`` and mask token.
+        max_requests: SGLang's ``max_running_requests`` (the per-request pool's rows).
     """
 
-    def __init__(self, spec: ServingSpec, block_size: int, mask_id: int) -> None:
+    def __init__(self, spec: ServingSpec, block_size: int, mask_id: int,
+                 max_requests: int = 1) -> None:
         self.spec, self.k, self.mask_id = spec, block_size, mask_id
-        #: what a merged call of rows may not do: "merge" (all rows in one call), "key" (one call
-        #: per step key) or "row" (one call per request); escalated when a call reads a
-        #: differing step field or draws from the generator
+        self.max_requests = max_requests
+        #: how rows share a call: "rows" (one call, per-row step tensors: ``row_steps``
+        #: policies), else "merge" (one call while the policy reads no differing step value),
+        #: "key" (one per step value) or "row" (one per request), escalated as it reads / draws
         self.split = "merge"
         self.served: ServedModel | None = None
-        self._memo: dict[Any, Tensor] = {}
+        #: policy errors contained so far (each logged once, per failing call); policy calls made
+        self.errors = self.calls = 0
 
     def max_forwards(self) -> int:
         """An upper bound on the forwards of one block (SGLang's ``max_steps``)."""
@@ -110,14 +119,20 @@ class BlockDecoder:
         return max(self.k, cfg.steps or 0, cfg.max_steps_per_block or 0) + self.max_post + 1
 
     # ---- binding -----------------------------------------------------------------------
+    @torch.inference_mode()
     def bind(self, served: ServedModel) -> None:
         """Bind the policy's parts to the served model (``bind(model, cfg)``: Learn2PD's filter
-        fingerprint, EoTP's EOS ids, ...) and build the proposal maker on its device."""
+        fingerprint, EoTP's EOS ids, ...), build the proposal maker and the per-request pool
+        on its device."""
         policy, cfg = self.spec.policy, self.spec.cfg
         parts = (policy.selector, policy.stopper, policy.truncator)
         self.selector, self.stopper, self.truncator = (bind_of(p, served, cfg) for p in parts)
         caps = policy_capabilities(self.selector, self.stopper, self.truncator)
         refuse_unservable(caps, policy.name)  # e.g. a lookahead kept by the bound part
+        if self.truncator is not None and not served.eos_token_ids:
+            raise ValueError(f"policy {policy.name!r} cannot run inside SGLang on this model: "
+                             "its truncator fills the cut tail with EOS and the model has no "
+                             "stop token (eos_token_id)")
         device = served.anchor.device
         self.caps, self.served, sel = caps, served, caps.selector
         self.edits, self.max_post, self.timed = sel.edits, sel.max_post_steps, sel.budgeted
@@ -135,35 +150,79 @@ class BlockDecoder:
         self.step_model = ServedStepModel(served, maker)
         self.rows = torch.arange(self.k, device=device)
         self.fill_id = served.eos_token_ids[0] if served.eos_token_ids else self.mask_id
-        self.has_memory = init_memory_of(self.selector, 1, self.k, device) is not None
-        sampling = cfg.temperature > 0 and not maker.greedy
-        if self.has_memory or sampling:
-            self.split = "row"
-        self.sampling = sampling
+        #: two slots (a request and the scratch slot of inert rows) until ``reserve``
+        self.pool = RequestPool(self.selector, self.k, 2, device,
+                                lengths=self.truncator is not None)
+        #: the slot of rows that ride along in a call after their block was emitted
+        self.scratch = self.pool.acquire(self)
+        self.tables = Tables(self.k, self.schedule, cfg.eps, device)
+        self.sampling = cfg.temperature > 0 and not maker.greedy
+        self.row_steps = caps.row_steps
+        self.split = "rows" if self.row_steps else "merge"
+        if not self.row_steps and (self.pool.has_memory or self.sampling):
+            self.split = "row"  # a user's part with memory or sampling: one request per call
+
+    def reserve(self, budget: int = POOL_BUDGET) -> int:
+        """Preallocate the per-request pool for ``max_requests`` (plus the scratch slot) after
+        a warm-up step has allocated one request's memory; returns the pool's bytes.
+
+        Raises:
+            ValueError: one line, when the pool would exceed ``budget`` bytes (SGLang does
+                not count it in ``--mem-fraction-static``).
+        """
+        per = self.pool.bytes_per_request()
+        total = per * (self.max_requests + 1)
+        if total > budget:
+            raise ValueError(
+                f"policy {self.spec.policy.name!r} keeps {per / 2**20:.1f} MiB per running "
+                f"request (its memory of a block, e.g. a [K, V] float32 history): "
+                f"--max-running-requests {self.max_requests} needs {total / 2**20:.0f} MiB, "
+                f"over the pool budget of {budget / 2**20:.0f} MiB; lower "
+                "--max-running-requests, or raise pool_budget_mb in the YAML (and lower "
+                "--mem-fraction-static by as much: SGLang does not count this memory)")
+        self.pool.reserve(self.max_requests + 1)
+        return per * self.pool.capacity
 
     # ---- per block ---------------------------------------------------------------------
     @torch.inference_mode()
     def start(self, prompt: Tensor, block_start: Tensor | None = None,
               rids: list[str] | None = None) -> list[RequestBlock]:
-        """Fresh block states for rows with prompt masks ``prompt [B, K]``; ``block_start [B]``
-        (each block's first absolute position) and ``rids`` (request ids) seed each request's
-        generator, identically on every tensor-parallel rank. One host sync."""
-        prompt = prompt.clone()  # the engine's tensor may be refilled for the next batch
-        opens = self.k - prompt.sum(1)
+        """Fresh block states for rows with prompt masks ``prompt [B, K]`` (the prompt tail: a
+        prefix of the block, as SGLang lays a first block out); ``block_start [B]`` (each
+        block's first absolute position) and ``rids`` (request ids) seed each request's
+        streams, identically on every tensor-parallel rank. One host sync."""
+        tails = prompt.sum(1)
         if block_start is None or rids is None:
-            values, seeds = opens.tolist(), [None] * prompt.shape[0]  # once per block
+            values = [self.k - n for n in tails.tolist()]  # the one host sync of a block start
+            seeds, rids = [None] * prompt.shape[0], [""] * prompt.shape[0]
         else:
-            pairs = torch.stack([opens, block_start.long()], 1).tolist()
+            start = block_start if block_start.dtype == tails.dtype else block_start.long()
+            pairs = torch.stack([tails, start], 1).tolist()
+            pairs = [(self.k - n, pos) for n, pos in pairs]
             values = [n for n, _ in pairs]
             base = self.spec.cfg.seed or 0
             seeds = [request_seed(base, rid, pos) for rid, (_, pos) in zip(rids, pairs,
                                                                             strict=True)]
         out = []
-        for row, (n_open, seed) in enumerate(zip(values, seeds, strict=True)):
+        for rid, n_open, seed in zip(rids, values, seeds, strict=True):
             n_commit = self._steps(int(n_open))
-            out.append(RequestBlock(prompt[row], int(n_open), n_commit, n_commit + self.max_post,
-                                    seed, has_mask=n_open > 0, done=n_open == 0))
+            st = RequestBlock(str(rid), int(n_open), n_commit, n_commit + self.max_post, seed,
+                              has_mask=n_open > 0, done=n_open == 0)
+            out.append(st)
         return out
+
+    def _take_slots(self, sts: list[RequestBlock], device: torch.device) -> None:
+        """Pool slots for the blocks at their first step (SGLang builds states for every row
+        of a batch and keeps only the new rows'; a slot is taken when a block first runs),
+        reset to fresh memory."""
+        new = [st for st in sts if st.slot < 0 and not st.done]
+        if not new:
+            return
+        for st in new:
+            st.slot = self.pool.acquire(st)
+        if self.pool.needs_reset:
+            slots = torch.tensor([st.slot for st in new], dtype=torch.long)
+            self.pool.reset(slots.to(device, non_blocking=True))
 
     def _steps(self, n_open: int) -> int:
         """Scheduled steps of a block with ``n_open`` positions to decode: ``steps`` per block of
@@ -173,27 +232,6 @@ class BlockDecoder:
         if self.timed:
             return max(1, -(-n_open * cfg.steps // self.k)) if cfg.steps else max(1, n_open)
         return cfg.max_steps_per_block or max(1, n_open)
-
-    def _plan(self, st: RequestBlock, device: torch.device) -> Tensor:
-        """``[n_iter, 3]`` float64: LLaDA budget, Dream fraction (1 at the last scheduled step),
-        last-scheduled-step flag, per step (zeros in post steps). Read-only, so shared by every
-        block with the same open positions and schedule length (made once per such pair, not
-        once per request and block)."""
-        key = ("plan", st.n_commit, st.open)
-        plan = self._memo.get(key)
-        if plan is not None:
-            return plan
-        plan = self._memo[key] = torch.zeros(st.n_iter, 3, dtype=torch.float64, device=device)
-        n = st.n_commit
-        if self.schedule == "dream":
-            fr = sch.dream_fractions(sch.dream_times(n, self.spec.cfg.eps, device))
-            plan[:n, 1] = fr.double()
-            plan[n - 1, 1] = 1.0
-        else:
-            n_open = torch.full((1,), st.open, dtype=torch.long, device=device)
-            plan[:n, 0] = sch.llada_budgets(n_open, n)[0].double()
-        plan[n - 1:, 2] = 1.0  # the last scheduled step (and any past it) finishes the block
-        return plan
 
     # ---- per step ----------------------------------------------------------------------
     @torch.inference_mode()
@@ -206,145 +244,164 @@ class BlockDecoder:
             if not st.done and not st.has_mask:  # this forward saw the block complete
                 st.post_used += self.edits  # editing: a post step, while it edits
                 st.done = not self.edits or st.post_used > self.max_post
-            if not st.done and st.plan is None:
-                st.plan = self._plan(st, ids.device)
+            if st.done:
+                self.pool.release(st)
             done.append(st.done)
             if not st.done:
                 active.append(row)
         if not active:
             return done
         logits = self.maker.edit(logits)  # the mask token (and EOS if asked) at -inf, in place
-        shared = None if self.sampling or self.fuse else self._propose(logits, None)
-        calls = self._calls(active, states, ids, logits, shared, self.maker.mask_logit)
-        for rows, idx, canvas, _, lengths in calls:
+        calls = self._calls(active, states, ids, logits)
+        for _, idx, canvas, _ in calls:
             if idx is None:
-                ids.copy_(canvas)
+                ids.copy_(canvas)  # a no-op copy where the step wrote nothing
             else:
                 ids.index_copy_(0, idx, canvas.to(ids.dtype))
-            if lengths is not None:
-                for j, row in enumerate(rows):
-                    states[row].lengths = lengths[j:j + 1]
         order = [row for call in calls for row in call[0]]
-        flags = torch.cat([call[3] for call in calls]).tolist()  # the one host sync
-        for row, (has_mask, edited) in zip(order, flags, strict=True):
+        if len(calls) == 1:
+            flags = calls[0][3].tolist()  # the one host sync
+        else:  # [b] (has a mask) or [b, 2] (and edited) per call, widened to [b, 2]
+            parts = [c[3] if c[3].dim() == 2 else torch.stack([c[3], torch.zeros_like(c[3])], 1)
+                     for c in calls]
+            flags = torch.cat(parts).tolist()  # the one host sync
+        for row, flag in zip(order, flags, strict=True):
             st = states[row]
+            if st.done:  # an inert row (its block was emitted) rode along in the call
+                continue
+            has_mask, edited = (flag, False) if isinstance(flag, bool) else (flag[0],
+                                                                             any(flag[1:]))
             post = not st.has_mask
             st.step, st.has_mask = st.step + 1, bool(has_mask)
             if post and not edited:  # a post step that changed nothing: this forward saw it
                 st.done = done[row] = True
+                self.pool.release(st)
         return done
 
-    def _calls(self, active: list[int], states: list[RequestBlock], *args: Any) -> list[Any]:
-        """Decide the active rows: in one call, one per step key, or one per request, the
-        first that holds (``split``, escalated when a wider call read a differing step field
-        or drew from the generator; it stays escalated)."""
+    def _calls(self, active: list[int], states: list[RequestBlock], ids: Tensor,
+               logits: Tensor) -> list[Any]:
+        """Decide the active rows: in one call (``rows``; ``merge`` while the policy reads no
+        differing step value), one per step key, or one per request, the first that holds
+        (escalated when a wider call read a differing step field or drew from the generator;
+        it stays escalated)."""
+        shared = None
         while True:
-            keys: dict[tuple[int, int], list[int]] = {}
+            keys: dict[tuple[int, int, int], list[int]] = {}
             for r in active:
                 keys.setdefault(states[r].key(), []).append(r)
-            if self.split == "row":
+            if self.split == "rows":
+                groups = RoundRows.groups(active, states, self.tables)
+                if len(groups) == 1 and len(active) < len(states):  # inert rows ride along:
+                    groups = [list(range(len(states)))]  # no gathers of the active rows
+            elif self.split == "row":
                 groups = [[r] for r in active]
             else:
                 groups = [active] if self.split == "merge" else list(keys.values())
             watch = self.split == "merge" and len(keys) > 1
+            if shared is None and not self.sampling and self.fuse is None:
+                shared = self._propose(logits, None)  # every row's greedy proposal, once
             calls = []
             for rows in groups:
-                call = self._decide(rows, states, *args, watch=watch)
+                call = self._decide(rows, states, ids, logits, shared, watch=watch)
                 if call is None:
                     break
                 calls.append(call)
             else:
+                self.calls += len(calls)
                 return calls
 
     def _decide(self, rows: list[int], states: list[RequestBlock], ids: Tensor, logits: Tensor,
-                shared: Proposal | None, mask_logit: Tensor | None, *, watch: bool) -> Any:
-        """One call of the policy over ``rows`` (all at one step key unless ``watch``).
+                shared: Proposal | None, *, watch: bool) -> Any:
+        """One call of the policy over ``rows``.
 
-        Returns ``(rows, index, canvas [b, K], flags [b, 2], lengths [b] | None)`` (flags: the
-        block still has a mask, the step edited), or ``None`` when the call must be redone
-        narrower (it read a step field that differs between its rows, or drew randomness).
+        Returns ``(rows, index, canvas [b, K], flags [b, 2])`` (flags: the block still has a
+        mask, the step edited), or ``None`` when the call must be redone narrower (a part
+        without ``row_steps`` read a step field that differs between its rows, or drew).
         """
         sts = [states[r] for r in rows]
-        st0, b, k, device = sts[0], len(rows), self.k, ids.device
-        idx = None if rows == list(range(ids.shape[0])) else index_of(rows, device)
-
-        def take(t: Tensor | None) -> Tensor | None:
-            return t if t is None or idx is None else t.index_select(0, idx)
-
-        canvas = take(ids).long()
-        prompt = torch.stack([st.prompt for st in sts])
-        plan = torch.stack([st.plan[st.step] for st in sts])
-        masked, fresh = (canvas == self.mask_id) & ~prompt, ~prompt
-        row_mode = self.split == "row"
+        self._take_slots(sts, ids.device)
+        rr = RoundRows(sts, rows, ids.shape[0], self.tables, self.timed, self.k, ids.device,
+                       per_row=self.split == "rows", scratch=self.scratch,
+                       always=self.pool.needs_reset)  # pooled memory: no host counters
+        take = rr.take
+        canvas = take(ids)
+        canvas = canvas if canvas.dtype == torch.long else canvas.long()
+        fresh = rr.fresh()  # the positions after the prompt tail (none: inert rows)
+        masked = (canvas == self.mask_id) & fresh
         probe = self.probe
-        generator = self._generator(st0, device) if row_mode else probe
+        generator = self._generator(sts[0], ids.device) if self.split == "row" else probe
         drawn = probe.get_state()
-        memory = None
-        if self.has_memory:  # row mode: the request's own memory
-            if st0.memory is None:
-                st0.memory = init_memory_of(self.selector, 1, k, device)
-            memory = st0.memory
-        start = k - st0.open  # a cut first block starts after the prompt tail, as in the loop
+        memory = self.pool.gather(rr.slots)
+        lengths = self.pool.lengths.index_select(0, rr.slots) if self.truncator else None
         step_logits = take(logits)
-        if self.fuse is not None:  # row mode (the fusion's memory is per request)
-            step_logits = self.fuse(step_logits.clone(), self.rows, masked, memory, (start, k))
-        prop = self._propose(step_logits, generator) if shared is None else take_rows(shared, idx)
-        full = widen(prop, canvas, self.rows, live=fresh)  # prompt positions unscored
-        budget = None
-        if self.timed:
-            budget = plan[:, 0].long() if self.schedule != "dream" else (
-                masked.sum(1, dtype=torch.float32) * plan[:, 1].float()).long()
-        i, total = st0.step, st0.n_commit if self.timed else st0.open
-        lengths = None
-        if self.truncator is not None:
-            lengths = torch.cat([st.lengths if st.lengths is not None else
-                                 torch.full((1,), k, device=device) for st in sts])
-        editable = ~masked & fresh if self.edits else None
-        fields = dict(
-            proposal=full, eligible=masked, masked=masked, fresh=fresh, canvas=canvas, step=i,
-            block=0, block_start=start, block_end=k, gen_start=start, block_step=i,
-            steps_left=max(st0.n_commit - i, 1) if self.timed else None, budget=budget,
-            progress=i / max(total - 1, 1), generator=generator, forward_start=0,
-            forward_width=k, times=self._times(st0), memory=memory,
-            extras={"lengths": lengths, "refresh": i == 0, "total_steps": total},
-            logits=step_logits if self.needs_logits else None, rows=self.rows,
-            refreshed=torch.full((b,), i == 0, device=device), model=self.step_model,
-            editable=editable, mask_logit=take(mask_logit) if self.maker.greedy else None)
+        try:
+            if self.fuse is not None:
+                per_row = {"block_step": rr.cols[STEP]} if rr.per_row else {}
+                step_logits = self.fuse(step_logits.clone(), self.rows, masked, memory,
+                                        (rr.block_start, self.k), **per_row)
+            failure = None
+        except Exception as err:  # noqa: BLE001 - a policy bug must not stop the server
+            failure = err
+        if shared is not None:
+            prop = take_rows(shared, rr.idx)
+        else:
+            seeds = rr.proposal_seeds if self.split == "rows" else None
+            if self.sampling and seeds is None and self.split == "rows":
+                raise ValueError("sampling inside SGLang is seeded per request: the batch "
+                                 "needs its request ids")
+            prop = self._propose(step_logits, generator, seeds)
+        full = unscored(prop, canvas, fresh)  # prompt positions unscored
+        fields = rr.fields(masked, full, canvas, fresh, generator, memory, lengths)
+        fields.update(model=self.step_model, rows=self.rows,
+                      logits=step_logits if self.needs_logits else None,
+                      editable=~masked & fresh if self.edits else None,
+                      mask_logit=take(self.maker.mask_logit) if self.maker.greedy else None)
         if watch:
             state = Watched(**fields)
             state.extras = WatchedExtras(state.reads, fields["extras"])
         else:
             state = StepState(**fields)
-        new, commit, edit = self._commit(state, canvas, plan[:, 2] > 0)
-        if self.truncator is not None:
-            cut = self.truncator.truncate(state, commit).clamp(max=k)
-            lengths = torch.minimum(lengths, cut)
-            dead = (self.rows[None] >= lengths[:, None]) & fresh
-            new = torch.where(dead, self.fill_id, new)
+        if failure is None:
+            try:
+                new, commit, edit, lengths = self._commit(state, canvas, rr.last, lengths)
+            except Exception as err:  # noqa: BLE001 - a policy bug must not stop the server
+                failure = err
         if watch and state.reads:
             self.split = "key"
             return None
-        if not torch.equal(drawn, probe.get_state()):  # the call drew from the probe
-            if row_mode:
+        if failure is None and not torch.equal(drawn, probe.get_state()):  # it drew
+            if self.split == "rows":
+                failure = RuntimeError("the policy drew from state.generator although it "
+                                       "declares row_steps: draw from state.row_seeds")
+            elif self.split == "row":
                 raise ValueError("this policy draws random numbers, which inside SGLang are "
                                  "seeded per request: the batch needs its request ids")
-            self.split = "row"
-            return None
-        edited = edit.any(1) if edit is not None else torch.zeros_like(masked[:, 0])
-        flags = torch.stack([((new == self.mask_id) & fresh).any(1), edited], 1)
-        return rows, idx, new, flags, lengths
+            else:
+                self.split = "row"
+                return None
+        if failure is not None:
+            self._contain(failure, sts)
+            new, edit = self._fallback(state, canvas, rr.last), None
+        else:
+            self.pool.scatter(rr.slots, memory)
+            if lengths is not None:
+                self.pool.lengths.index_copy_(0, rr.slots, lengths)
+        has_mask = ((new == self.mask_id) & fresh).any(1)
+        flags = has_mask if edit is None else torch.stack([has_mask, edit.any(1)], 1)
+        return rows, rr.idx, new, flags
 
-    def _commit(self, state: StepState, canvas: Tensor, last: Tensor) -> tuple[Tensor, ...]:
-        """The selector's commits (and edits, and the stopper's greedy commits) written into
-        the canvas: ``post_forward``'s rules; commits outside ``eligible`` and edits outside
-        ``editable`` are dropped (a serving engine does not stop on a policy bug), the mask
-        token is never written, and the block's last scheduled step (``last [b]``) commits
-        every eligible position left. Returns ``(canvas, commit, edit | None)``."""
+    def _commit(self, state: StepState, canvas: Tensor, last: Tensor, lengths: Tensor | None
+                ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+        """The selector's commits (and edits, the stopper's greedy commits, the truncator's
+        cut) written into the canvas: ``post_forward``'s rules; commits outside ``eligible``
+        and edits outside ``editable`` are dropped, the mask token is never written, and the
+        block's last scheduled step (``last [b]``) commits every eligible position left.
+        Returns ``(canvas, commit, edit | None, lengths | None)``."""
         chosen = self.selector.select(state)
         sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
         eligible, prop = state.eligible, state.proposal
         self.guard.check_shape(sel.commit, eligible)
-        commit = (sel.commit & eligible) | (eligible & last[:, None])
+        commit = eligible & (sel.commit | last[:, None])
         edit = None
         if sel.edit is not None:
             if state.editable is None:
@@ -361,23 +418,36 @@ class BlockDecoder:
             if prop.argmax is not None:  # sampled proposals: a stop takes the argmax
                 tokens = torch.where(greedy & ~commit, prop.argmax, tokens)
             commit, write = commit | greedy, write | greedy
-        write = write & (tokens != self.mask_id)
-        return torch.where(write, tokens, canvas), commit, edit
+        if sel.tokens is not None:  # a proposal never holds the mask token (its logit -inf)
+            write = write & (tokens != self.mask_id)
+        new = torch.where(write, tokens, canvas)
+        if self.truncator is not None:
+            cut = self.truncator.truncate(state, commit).clamp(max=self.k)
+            lengths = torch.minimum(lengths, cut)
+            dead = (self.rows[None] >= lengths[:, None]) & state.fresh
+            new = torch.where(dead, self.fill_id, new)
+        return new, commit, edit, lengths
 
-    def _times(self, st: RequestBlock) -> tuple[Tensor, Tensor] | None:
-        """Dream's ``(t, s)`` of the row's step (``None`` off the Dream grid / in post steps)."""
-        if self.schedule != "dream" or st.step >= st.n_commit:
-            return None
-        key = ("times", st.n_commit)
-        times = self._memo.get(key)
-        if times is None:
-            times = self._memo[key] = sch.dream_times(st.n_commit, self.spec.cfg.eps,
-                                                      self.rows.device)
-        return times[st.step], times[st.step + 1]
+    def _fallback(self, state: StepState, canvas: Tensor, last: Tensor) -> Tensor:
+        """After a policy error: each row commits its single most confident eligible
+        position (every eligible one at the block's last scheduled step)."""
+        eligible, prop = state.eligible, state.proposal
+        commit = top1_mask(prop.prob, eligible) | (eligible & last[:, None])
+        write = commit & (prop.tokens != self.mask_id)
+        return torch.where(write, prop.tokens, canvas)
+
+    def _contain(self, err: Exception, sts: list[RequestBlock]) -> None:
+        """Log a failing call once: the policy, its requests and the error."""
+        self.errors += 1
+        rids = [st.rid for st in sts]
+        logger.error("DllmDecode: policy %r failed on request(s) %s: %s: %s; these rows commit "
+                     "their most confident position this step", self.spec.policy.name, rids,
+                     type(err).__name__, " ".join(str(err).split()))
 
     def _generator(self, st: RequestBlock, device: torch.device) -> torch.Generator:
-        """The request's generator for this block, seeded from its seed (made on first use;
-        without a seed the probe, which must then stay untouched)."""
+        """The request's generator for this block (a part without ``row_steps`` that draws),
+        seeded from its seed (made on first use; without a seed the probe, which must then
+        stay untouched)."""
         if st.seed is None:
             if self.sampling:
                 raise ValueError("sampling inside SGLang is seeded per request: the batch "
@@ -387,12 +457,14 @@ class BlockDecoder:
             st.generator = torch.Generator(device=device).manual_seed(st.seed)
         return st.generator
 
-    def _propose(self, logits: Tensor, generator: torch.Generator | None) -> Proposal:
+    def _propose(self, logits: Tensor, generator: torch.Generator | None,
+                 row_seeds: Tensor | None = None) -> Proposal:
         """The library's proposal over every position of ``logits [b, K, V]`` (already
-        edited); sampling draws from ``generator``."""
+        edited); sampling draws from ``row_seeds`` (per request) or ``generator``."""
         maker = self.maker
         maker.generator = self.probe if generator is None else generator
         try:
-            return maker.propose(logits, None, self.rows, None, 0, edited=True)
+            return maker.propose(logits, None, self.rows, None, 0, edited=True,
+                                 row_seeds=row_seeds)
         finally:
             maker.generator = self.probe

@@ -22,29 +22,43 @@ the library's own loop (``gen_length``, cache plans, CFG, ...). Nothing here imp
 from __future__ import annotations
 
 import warnings
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
+from types import SimpleNamespace
 from typing import Any, Final
 
 import torch
 from torch import nn
 
 from dllm_decode.config import SamplerConfig
+from dllm_decode.integrations.sglang.checkpoint import (
+    SGLANG_DLLM_PARAMS,
+    CheckpointFiles,
+    read_checkpoint,
+    stop_token_set,
+)
+from dllm_decode.integrations.sglang.compat import ALGORITHM_NAME, ARCHITECTURES
+from dllm_decode.models.base import to_checkpoint_name
+from dllm_decode.models.families import FAMILIES
+from dllm_decode.models.weights import SINGLE, open_safetensors, weight_map
 from dllm_decode.policies.base import bind_of
 from dllm_decode.policies.capabilities import PolicyCapabilities, policy_capabilities
 from dllm_decode.policies.defaults import apply_family_default
 from dllm_decode.policies.policy import Policy
 from dllm_decode.samplers.params import build_policy
 
-#: the name SGLang resolves (``--dllm-algorithm DllmDecode``)
-ALGORITHM_NAME: Final = "DllmDecode"
-#: SGLang's dLLM architectures with a mask token -> the library's model family
-ARCHITECTURES: Final[dict[str, str]] = {"LLaDA2MoeModelLM": "llada2_moe",
-                                        "SDARForCausalLM": "sdar",
-                                        "SDARMoeForCausalLM": "sdar_moe"}
 #: keys of the YAML read here, and SGLang's own keys (read by SGLang)
-SPEC_KEYS: Final = ("policy", "params", "stopper", "truncator")
-SGLANG_KEYS: Final = ("block_size", "capture_input_preparation")
+SPEC_KEYS: Final = ("policy", "params", "stopper", "truncator", "pool_budget_mb")
+#: the default bound on the per-request policy memory preallocated at server start (MiB;
+#: SGLang does not count it in --mem-fraction-static)
+POOL_BUDGET_MB: Final = 4096
+SGLANG_KEYS: Final = ("block_size",)
+#: SGLang keys a ``DllmDecode`` YAML may not hold, and why
+REFUSED_KEYS: Final[dict[str, str]] = {
+    "capture_input_preparation": "SGLang reads it only for algorithms that prepare their "
+                                 "inputs inside its CUDA graphs (Gemma4Renoise); DllmDecode "
+                                 "prepares none, so it would change nothing: remove the key"}
 #: ``SamplerConfig`` fields that mean the same inside SGLang's block loop (``steps``: per block
 #: of ``block_size``; a block cut by the prompt gets its share, rounded up)
 SERVED_FIELDS: Final = frozenset({
@@ -97,14 +111,15 @@ class ServedModel(nn.Module):
 
     A module only so that parts which move their weights to "the model's device" (a Learn2PD
     filter) find the serving device: it holds an empty buffer there, and ``head`` (the output
-    projection, when one rank holds all of it) for model fingerprints.
+    projection: at server start the checkpoint's, ``CheckpointHead``) for model fingerprints.
 
     Args:
         family: the library's family name (``ARCHITECTURES``).
         mask_token_id, block_size: SGLang's (``DllmConfig``).
-        eos_token_ids: the checkpoint's stop tokens.
+        eos_token_ids: the checkpoint's stop tokens (SGLang's stop set; the first is the
+            config's EOS when it has one).
         config: the checkpoint's config (vocabulary and layer sizes for fingerprints).
-        head: the output projection module, or ``None``.
+        head: anything with the output projection as ``weight`` (``None``: no fingerprint).
         device: where the served model runs.
     """
 
@@ -123,20 +138,111 @@ class ServedModel(nn.Module):
 
     @classmethod
     def from_config(cls, config: Any, mask_token_id: int, block_size: int, head: Any = None,
-                    device: torch.device | str = "cpu") -> ServedModel:
-        """From a checkpoint config (``architectures``, ``eos_token_id``)."""
+                    device: torch.device | str = "cpu", *, generation_config: Any = None,
+                    tokenizer_stop_ids: Iterable[int] = ()) -> ServedModel:
+        """From a checkpoint config (``architectures``, ``eos_token_id``).
+
+        ``eos_token_ids`` is SGLang's stop set (``checkpoint.stop_token_set``): the config's
+        ``eos_token_id``, ``generation_config``'s (SGLang's ``ModelConfig.hf_generation_config``
+        or the ``generation_config.json`` mapping) and ``tokenizer_stop_ids``
+        (``checkpoint.tokenizer_stops(...).ids``: the tokenizer's EOS and extra stop tokens).
+        """
         arch = (getattr(config, "architectures", None) or ["?"])[0]
         if arch not in ARCHITECTURES:
             raise ValueError(f"{ALGORITHM_NAME} serves mask-token block-diffusion models "
                              f"{sorted(ARCHITECTURES)}; this checkpoint is {arch!r}")
-        eos = getattr(config, "eos_token_id", None)
-        eos_ids = () if eos is None else (eos,) if isinstance(eos, int) else tuple(eos)
+        gen_eos = (generation_config.get("eos_token_id")
+                   if isinstance(generation_config, Mapping)
+                   else getattr(generation_config, "eos_token_id", None))
+        eos_ids = stop_token_set(getattr(config, "eos_token_id", None), gen_eos,
+                                 tokenizer_stop_ids)
         return cls(ARCHITECTURES[arch], mask_token_id, block_size, eos_ids, config, head,
                    device)
+
+    @classmethod
+    def from_path(cls, model: str | Path, *, block_size: int | None = None,
+                  mask_id: int | None = None, tokenizer_path: str | Path | None = None,
+                  revision: str | None = None, skip_tokenizer: bool = False) -> ServedModel:
+        """From a checkpoint folder (or a bundled name, or a Hub id already in the local cache:
+        nothing is downloaded), its files read as a dLLM server reads them
+        (``checkpoint.read_checkpoint``). ``block_size`` / ``mask_id``: SGLang's for the
+        architecture (``checkpoint.SGLANG_DLLM_PARAMS``) unless given."""
+        files = read_checkpoint(model, tokenizer_path=tokenizer_path, revision=revision,
+                                skip_tokenizer=skip_tokenizer)
+        return cls.from_files(files, block_size=block_size, mask_id=mask_id)
+
+    @classmethod
+    def from_files(cls, files: CheckpointFiles, *, block_size: int | None = None,
+                   mask_id: int | None = None) -> ServedModel:
+        """From a checkpoint's files (``checkpoint.read_checkpoint``); see ``from_path``. Its
+        ``head`` is the checkpoint's (``CheckpointHead``: read only if a part fingerprints the
+        model), so a server start and ``serve-check`` fingerprint alike."""
+        k, mask = SGLANG_DLLM_PARAMS.get(files.architecture, (None, None))
+        config = SimpleNamespace(**files.config)
+        stops = () if files.tokenizer is None else files.tokenizer.ids
+        served = cls.from_config(config, mask if mask_id is None else mask_id,
+                                 k if block_size is None else block_size,
+                                 generation_config=files.generation, tokenizer_stop_ids=stops)
+        served.head = CheckpointHead.of(files.directory, served.family, config)
+        return served
 
     @property
     def vocab_size(self) -> int:
         return int(getattr(self.config, "vocab_size", -1))
+
+
+class CheckpointHead:
+    """The served model's output projection as its checkpoint stores it, for fingerprints (a
+    Learn2PD filter's ``ModelFingerprint``): the whole head, whatever the tensor-parallel split,
+    vocabulary padding or quantization of the head SGLang loaded.
+
+    ``weight`` is read on first use, memory-mapped from the safetensors file (no copy of the
+    head is made: a fingerprint reads 256 of its rows), with the library's reader
+    (``models.weights``); it is
+    ``None`` when the checkpoint has no readable safetensors or no such tensor, and ``why``
+    says so.
+
+    Args:
+        directory: the local checkpoint folder.
+        name: the head's tensor name there (the embedding's for a tied head).
+    """
+
+    def __init__(self, directory: str | Path, name: str) -> None:
+        self.directory, self.name = Path(directory), name
+        self.why: str | None = None
+        self._weight: torch.Tensor | None = None
+        self._read = False
+
+    @classmethod
+    def of(cls, directory: str | Path, family: str, config: Any) -> CheckpointHead:
+        """The head of a ``family`` checkpoint (the library's tensor names; a config with
+        ``tie_word_embeddings`` stores it as the input embedding)."""
+        tied = bool(getattr(config, "tie_word_embeddings", False))
+        names = FAMILIES[family][0].names
+        return cls(directory, to_checkpoint_name(names, "embed.weight" if tied else
+                                                 "head.weight"))
+
+    @property
+    def weight(self) -> torch.Tensor | None:
+        if not self._read:
+            self._read = True
+            try:
+                self._weight = self._load()
+            except (OSError, ValueError) as err:  # CheckpointError is a ValueError
+                self.why = _one_line(err)
+        return self._weight
+
+    def _load(self) -> torch.Tensor | None:
+        shards = weight_map(self.directory)
+        file = self.directory / (SINGLE if shards is None else shards.get(self.name, ""))
+        if shards is not None and self.name not in shards:
+            self.why = f"{self.directory} stores no tensor {self.name!r}"
+            return None
+        with open_safetensors(file) as f:
+            if self.name not in f.keys():  # noqa: SIM118 - safe_open is not a mapping
+                self.why = f"{file} holds no tensor {self.name!r}"
+                return None
+            return f.get_tensor(self.name)
 
 
 @dataclass(frozen=True)
@@ -147,6 +253,8 @@ class ServingSpec:
     policy: Policy
     cfg: SamplerConfig
     caps: PolicyCapabilities
+    #: bytes the per-request pool may take (``pool_budget_mb``)
+    pool_budget: int = POOL_BUDGET_MB << 20
 
 
 def serving_spec(config: Mapping[str, Any], served: ServedModel) -> ServingSpec:
@@ -158,6 +266,9 @@ def serving_spec(config: Mapping[str, Any], served: ServedModel) -> ServingSpec:
     if not isinstance(config, Mapping):
         raise ValueError(f"the {ALGORITHM_NAME} config must be a YAML mapping with keys "
                          f"{list(SPEC_KEYS)}, got {type(config).__name__}")
+    for key, why in REFUSED_KEYS.items():
+        if key in config:
+            raise ValueError(f"{key} is not a {ALGORITHM_NAME} key: {why}")
     unknown = sorted(set(map(str, config)) - set(SPEC_KEYS) - set(SGLANG_KEYS))
     if unknown:
         raise ValueError(f"unknown {ALGORITHM_NAME} config key(s) {unknown}; keys: "
@@ -177,14 +288,20 @@ def serving_spec(config: Mapping[str, Any], served: ServedModel) -> ServingSpec:
     except (TypeError, ValueError) as err:
         raise ValueError(_one_line(err)) from None
     refuse_unservable(caps, built.name)
-    return ServingSpec(built, cfg, caps)
+    budget = config.get("pool_budget_mb", POOL_BUDGET_MB)
+    if isinstance(budget, bool) or not isinstance(budget, int | float) or budget <= 0:
+        raise ValueError(f"pool_budget_mb must be a positive number of MiB (the per-request "
+                         f"policy memory preallocated at server start), got {budget!r}")
+    return ServingSpec(built, cfg, caps, int(budget * 2**20))
 
 
 def _bound_parts(policy: Policy, served: ServedModel, cfg: SamplerConfig) -> list[Any]:
     """The parts bound to ``served`` for the capability checks (capabilities such as ETE's
-    lookahead resolve at bind on block-diffusion models). A part whose binding needs the
-    weights (a Learn2PD filter's fingerprint) is checked unbound here, and bound on the first
-    batch (``block.BlockDecoder.bind``)."""
+    lookahead resolve at bind on block-diffusion models). A binding error (a Learn2PD filter
+    trained for another model) is raised when ``served`` has its output head
+    (``CheckpointHead``); without it (the launcher of a Hub id whose weights are not
+    downloaded yet) the part is checked unbound here and bound at server start
+    (``algorithm.DllmDecodeAlgorithm.__init__``), where a failure stops the server."""
     out = []
     for part in (policy.selector, policy.stopper, policy.truncator):
         try:
@@ -192,6 +309,8 @@ def _bound_parts(policy: Policy, served: ServedModel, cfg: SamplerConfig) -> lis
                 warnings.simplefilter("ignore")  # e.g. "no trained filter" without the weights
                 out.append(bind_of(part, served, cfg))
         except (TypeError, ValueError):
+            if getattr(served.head, "weight", None) is not None:
+                raise
             out.append(part)
     return out
 

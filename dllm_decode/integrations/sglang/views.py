@@ -104,3 +104,18 @@ def take_rows(prop: Proposal, idx: Tensor | None) -> Proposal:
     return Proposal(t(prop.tokens), t(prop.prob), t(prop.get("margin")),
                     t(prop.get("logit_margin")), t(prop.get("neg_entropy")), t(prop.argmax),
                     t(prop.lse))
+
+
+def unscored(prop: Proposal, canvas: Tensor, fresh: Tensor) -> Proposal:
+    """A block-wide ``[b, K]`` proposal with the unscored positions (``~fresh``: the prompt
+    tail) as ``samplers.proposals.widen`` leaves them: the canvas token, 0 (the LSE dropped);
+    one ``where`` per field instead of widen's scatters (the proposal already spans the block).
+    """
+    names = prop.computed()
+    floats = [torch.where(fresh, prop.prob, 0.0)] + [
+        torch.where(fresh, prop.get(n), 0.0) for n in names]
+    tokens = torch.where(fresh, prop.tokens, canvas)
+    argmax = None if prop.argmax is None else torch.where(fresh, prop.argmax, canvas)
+    extra = dict(zip(names, floats[1:], strict=True))
+    return Proposal(tokens, floats[0], extra.get("margin"), extra.get("logit_margin"),
+                    extra.get("neg_entropy"), argmax)

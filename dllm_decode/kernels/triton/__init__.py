@@ -12,6 +12,7 @@ from triton.runtime.interpreter import InterpretedFunction
 from dllm_decode.kernels.triton.attention import block_attention, launch_block_attention
 from dllm_decode.kernels.triton.kv_write import kv_write_
 from dllm_decode.kernels.triton.layer import qkv_rope_, silu_mul
+from dllm_decode.kernels.triton.rng import row_uniform
 from dllm_decode.kernels.triton.vocab import N_OUT, _vocab_kernel, launch_vocab, vocab_pass
 
 #: True when the kernels were defined under the interpreter (CPU tensors only)
@@ -32,4 +33,5 @@ def driver_ready() -> bool:
 
 
 __all__ = ["INTERPRETED", "N_OUT", "block_attention", "driver_ready", "kv_write_",
-           "launch_block_attention", "launch_vocab", "qkv_rope_", "silu_mul", "vocab_pass"]
+           "launch_block_attention", "launch_vocab", "qkv_rope_", "row_uniform", "silu_mul",
+           "vocab_pass"]

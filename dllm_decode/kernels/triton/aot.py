@@ -54,6 +54,7 @@ def variants() -> list[Variant]:
     from dllm_decode.kernels.triton.vocab import (
         NOISE_OFF,
         NOISE_PHILOX,
+        NOISE_ROWS,
         NOISE_TENSOR,
         _vocab_kernel,
     )
@@ -66,12 +67,15 @@ def variants() -> list[Variant]:
         ("propose_philox_bf16_V126k", "bf16", 32, 126464, True, NOISE_PHILOX, False),
         ("gumbel_philox_fp32_V8_packed", "fp32", 8192, 8, False, NOISE_PHILOX, False),
         ("gumbel_noise_fp32_V126k", "fp32", 32, 126464, False, NOISE_TENSOR, True),
+        ("propose_rows_bf16_V126k", "bf16", 32, 126464, True, NOISE_ROWS, False),
+        ("gumbel_rows_fp32_V8_packed", "fp32", 8192, 8, False, NOISE_ROWS, True),
     ]
     for name, dt, rows, vocab, stats, noise, active in vocab_cases:
         block_r, block_v, warps = vocab_blocks(rows, vocab, noise != NOISE_OFF)
         types = {"x_ptr": _PTR[dt], "active_ptr": _PTR["bool"], "noise_ptr": _PTR["fp64"],
                  "seed_ptr": _PTR["i64"], "token_ptr": _PTR["i64"], "sample_ptr": _PTR["i64"],
-                 "out_ptr": _PTR["fp32"], "temperature": "fp32", "offset": "i64"}
+                 "out_ptr": _PTR["fp32"], "temperature": "fp32", "offset": "i64",
+                 "seed_inner": "i32"}
         const = {"HAS_ACTIVE": active, "STATS": stats, "NOISE": noise, "BLOCK_R": block_r,
                  "BLOCK_V": block_v}
         core = name == "propose_philox_bf16_V126k"
@@ -130,6 +134,10 @@ def variants() -> list[Variant]:
         types = {"x_ptr": _PTR[dt], "out_ptr": _PTR[dt]}
         out.append(Variant(f"silu_mul/{dt}", _silu_mul_kernel, types, {"BLOCK": 1024}, 4,
                            core=dt == "bf16"))
+    from dllm_decode.kernels.triton.rng import _BLOCK, _row_uniform_kernel
+
+    out.append(Variant("rng/row_uniform", _row_uniform_kernel,
+                       {"seed_ptr": _PTR["i64"], "out_ptr": _PTR["fp64"]}, {"BLOCK": _BLOCK}, 4))
     return out
 
 

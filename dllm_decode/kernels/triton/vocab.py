@@ -5,7 +5,9 @@ the running max ``m``, ``s = sum exp(x - m)``, ``w = sum exp(x - m) * (x - m)``,
 largest logit (with multiplicity) and the argmax; every chunk rescales them by
 ``exp(m_old - m_new)``. At the end ``lse = m + log s``, ``p_max = 1 / s``,
 ``margin = (1 - exp(m2 - m)) / s`` and ``sum p log p = w / s - log s``. The optional Gumbel
-path adds, in fp64, ``score = z - T * log(E)`` with ``E ~ Exp(1)`` and keeps the best score.
+path adds, in fp64, ``score = z - T * log(E)`` with ``E ~ Exp(1)`` and keeps the best score;
+``E`` comes from Philox (one seed), a supplied uniform tensor, or per-row seeds hashed in-kernel
+(``kernels/rng.py``: splitmix64, the same bits as ``row_uniform``; no ``[N, V]`` tensor).
 
 Reads V once per row; writes ``O(N)``. Short rows (small V) are packed ``BLOCK_R`` to a
 program. Ties go to the lowest index (``tl.argmax`` tie-break left, strict ``>`` across chunks).
@@ -20,9 +22,10 @@ from torch import Tensor
 
 from dllm_decode.kernels.common import STAT_NAMES, rows_view, vocab_blocks
 from dllm_decode.kernels.count import launch_range
+from dllm_decode.kernels.triton.rng import _row_start, _row_uniform
 
 #: noise sources of the sampling path (constexpr ``NOISE``)
-NOISE_OFF, NOISE_PHILOX, NOISE_TENSOR = 0, 1, 2
+NOISE_OFF, NOISE_PHILOX, NOISE_TENSOR, NOISE_ROWS = 0, 1, 2, 3
 #: rows of the packed float output: ``STAT_NAMES`` then the sampled token's probability
 N_OUT = len(STAT_NAMES) + 1
 
@@ -51,12 +54,12 @@ def _vocab_kernel(
     x_ptr,  # logits, row r at (r // inner) * stride_xo + (r % inner) * stride_xi
     active_ptr,  # bool [N] (read only when HAS_ACTIVE)
     noise_ptr,  # fp64 uniform [N, V] (read only when NOISE == NOISE_TENSOR)
-    seed_ptr,  # int64 [1] Philox seed (read only when NOISE == NOISE_PHILOX)
+    seed_ptr,  # int64 [1] Philox seed (NOISE_PHILOX) or [N // seed_inner] row seeds (ROWS)
     token_ptr,  # int64 [N] argmax token
     sample_ptr,  # int64 [N] sampled token (written only when NOISE != NOISE_OFF)
     out_ptr,  # fp32 [N_OUT, N] with row stride stride_out: lse, p_max, margin, ..., p_sample
     n_rows, vocab, inner, stride_xo, stride_xi, stride_xv, stride_nr, stride_nv, stride_out,
-    temperature, offset,
+    temperature, offset, seed_inner,
     HAS_ACTIVE: tl.constexpr, STATS: tl.constexpr, NOISE: tl.constexpr,
     BLOCK_R: tl.constexpr, BLOCK_V: tl.constexpr,
 ):
@@ -78,6 +81,9 @@ def _vocab_kernel(
     best_z = tl.full((BLOCK_R,), -float("inf"), tl.float32)
     if NOISE == 1:
         seed = tl.load(seed_ptr)
+    if NOISE == 3:  # per-row seeds: row r is element (r % seed_inner) of seed r // seed_inner
+        seed = tl.load(seed_ptr + rows64 // seed_inner, mask=rows < n_rows, other=0)
+        start = _row_start(seed, (rows64 % seed_inner) * vocab)  # this row's first element
 
     for v0 in range(0, vocab, BLOCK_V):
         cols = v0 + cols0
@@ -106,6 +112,8 @@ def _vocab_kernel(
             if NOISE == 1:
                 counter = offset + rows64[:, None] * vocab + cols[None, :]
                 e = _exp1_from_philox(seed, counter)
+            elif NOISE == 3:
+                e = -tl.log(_row_uniform(start[:, None], cols[None, :]))
             else:
                 u = tl.load(noise_ptr + rows64[:, None] * stride_nr + cols[None, :] * stride_nv,
                             mask=ok, other=0.5)
@@ -154,6 +162,7 @@ def launch_vocab(
     offset: int = 0,
     noise: Tensor | None = None,
     active: Tensor | None = None,
+    row_seeds: Tensor | None = None,
 ) -> None:
     """Run the vocabulary pass into preallocated outputs (no allocation, no host sync).
 
@@ -168,6 +177,9 @@ def launch_vocab(
             Element ``(r, c)`` uses Philox counter ``offset + r * V + c``.
         noise: uniform fp64, logits-shaped; turns on the deterministic sampling path.
         active: bool ``[N]`` (flattened rows); inactive rows give -1 / ``-inf``.
+        row_seeds: int64 ``[B]`` for ``logits [B, ..., V]`` (``[N]`` for ``[N, V]``); turns
+            on the per-row hash: element ``(b, idx)`` uses ``row_uniform(row_seeds, shape)``'s
+            bits, computed in-kernel. Exclusive with ``seed`` and ``noise``.
     """
     x, inner, (s_o, s_i, s_v) = rows_view(logits)
     n_rows, vocab = token.shape[0], logits.shape[-1]
@@ -175,6 +187,11 @@ def launch_vocab(
         return
     mode = NOISE_OFF if seed is None and noise is None else (
         NOISE_TENSOR if noise is not None else NOISE_PHILOX)
+    if row_seeds is not None:
+        if seed is not None or noise is not None:
+            raise ValueError("row_seeds excludes seed and noise (one noise source per call)")
+        mode, seed = NOISE_ROWS, row_seeds.contiguous()
+    seed_inner = max(n_rows // max(logits.shape[0], 1), 1)  # rows per leading index
     block_r, block_v, num_warps = vocab_blocks(n_rows, vocab, mode != NOISE_OFF)
     noise2d = noise.reshape(-1, vocab) if noise is not None else None
     grid = (triton.cdiv(n_rows, block_r),)
@@ -185,7 +202,7 @@ def launch_vocab(
             n_rows, vocab, inner, s_o, s_i, s_v,
             noise2d.stride(0) if noise2d is not None else 0,
             noise2d.stride(1) if noise2d is not None else 0,
-            out.stride(0), float(temperature), int(offset),
+            out.stride(0), float(temperature), int(offset), seed_inner,
             HAS_ACTIVE=active is not None, STATS=stats, NOISE=mode,
             BLOCK_R=block_r, BLOCK_V=block_v, num_warps=num_warps,
         )
@@ -200,6 +217,7 @@ def vocab_pass(
     offset: int = 0,
     noise: Tensor | None = None,
     active: Tensor | None = None,
+    row_seeds: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """Allocate outputs and run ``launch_vocab``; returns ``(token, sample, out)`` flat."""
     n_rows = logits.numel() // logits.shape[-1]
@@ -209,5 +227,5 @@ def vocab_pass(
     out = torch.empty(N_OUT, n_rows, dtype=torch.float32, device=dev)
     launch_vocab(logits, token, sample, out, stats=stats, temperature=temperature, seed=seed,
                  offset=offset, noise=noise,
-                 active=None if active is None else active.reshape(-1))
+                 active=None if active is None else active.reshape(-1), row_seeds=row_seeds)
     return token, sample, out

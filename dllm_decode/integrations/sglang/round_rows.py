@@ -1,0 +1,207 @@
+"""The step values of one SGLang round's rows, built with one host-to-device copy.
+
+Rows of a first-done-first-out round are at different steps of their blocks. ``RoundRows``
+packs each row's host integers (batch row, pool slot, step, schedule length, open positions,
+plan row, time-grid row, seed) into one ``[b, 8]`` int64 tensor moved to the device once
+(pinned, asynchronous on CUDA), and derives what ``StepState`` shows: host scalars when every
+row is at the same step (exactly the library loop's values), else ``[b]`` tensors (for parts
+declaring ``Capabilities(row_steps=True)``). ``Tables`` holds the read-only schedules every
+block of the same shape shares (LLaDA budgets, Dream fractions, the last-step flag; Dream's
+time grid), concatenated so a round gathers its rows' entries in one ``index_select``.
+No SGLang import.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.kernels.rng import mix_seeds_int
+from dllm_decode.samplers import schedule as sch
+
+#: columns of the packed per-row table (``PROGRESS`` holds float64 bits)
+(ROW, SLOT, STEP, STEPS_LEFT, TOTAL, START, REFRESH, LAST, BUDGET, PLAN, TIMES, SEED,
+ PROPOSAL_SEED, PROGRESS) = range(14)
+#: the draw counter of the proposal's stream (the policy draws from ``mix_seeds(key, step)``)
+PROPOSAL_STREAM = -1
+
+
+def _f64_bits(x: float) -> int:
+    """The int64 whose bits are the float64 ``x`` (read back with ``Tensor.view``)."""
+    return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+class Tables:
+    """Per-shape schedules of the served blocks, on the device.
+
+    ``plan``: ``[T, 3]`` float64 rows (LLaDA budget, Dream fraction (1 at the last scheduled
+    step), last-scheduled-step flag), one run of ``n_iter`` rows per ``(n_commit, open,
+    n_iter)``; ``times``: ``[T']`` float32, Dream's grid ``linspace(1, eps, n + 1)`` per
+    ``n``. Grown (a ``cat``) the first time a shape is seen.
+    """
+
+    def __init__(self, k: int, schedule: str, eps: float, device: torch.device) -> None:
+        self.k, self.schedule, self.eps, self.device = k, schedule, eps, device
+        #: ``[K + 1, K]`` bool: row ``s`` marks the positions ``>= s`` (a block starting at s)
+        self.after = torch.arange(k, device=device)[None] >= torch.arange(k + 1,
+                                                                          device=device)[:, None]
+        self.plan = torch.zeros(0, 3, dtype=torch.float64, device=device)
+        self.times = torch.zeros(0, dtype=torch.float32, device=device)
+        self._plan_at: dict[tuple[int, int, int], int] = {}
+        self._times_at: dict[int, int] = {}
+
+    @staticmethod
+    def llada_budget(n_commit: int, n_open: int, step: int) -> int:
+        """``schedule.llada_budgets``' entry ``step`` (0 past the schedule), on the host."""
+        if step >= n_commit:
+            return 0
+        return n_open // n_commit + (step < n_open % n_commit)
+
+    def plan_row(self, n_commit: int, n_open: int, n_iter: int, step: int) -> int:
+        """The plan row of ``step`` (clamped to the last: a step past the schedule finishes
+        the block) for blocks of this shape."""
+        key = (n_commit, n_open, n_iter)
+        at = self._plan_at.get(key)
+        if at is None:
+            at = self._plan_at[key] = self.plan.shape[0]
+            self.plan = torch.cat([self.plan, self._plan(n_commit, n_open, n_iter)])
+        return at + min(step, n_iter - 1)
+
+    def _plan(self, n: int, n_open: int, n_iter: int) -> Tensor:
+        plan = torch.zeros(n_iter, 3, dtype=torch.float64, device=self.device)
+        if self.schedule == "dream":
+            fr = sch.dream_fractions(sch.dream_times(n, self.eps, self.device))
+            plan[:n, 1] = fr.double()
+            plan[n - 1, 1] = 1.0
+        else:
+            opens = torch.full((1,), n_open, dtype=torch.long, device=self.device)
+            plan[:n, 0] = sch.llada_budgets(opens, n)[0].double()
+        plan[n - 1:, 2] = 1.0  # the last scheduled step (and any past it) finishes the block
+        return plan
+
+    def times_row(self, n_commit: int, step: int) -> int:
+        """Row of ``t`` at ``step`` in ``times`` (``s`` is the next row); -1 off the grid."""
+        if self.schedule != "dream" or step >= n_commit:
+            return -1
+        at = self._times_at.get(n_commit)
+        if at is None:
+            at = self._times_at[n_commit] = self.times.shape[0]
+            self.times = torch.cat([self.times, sch.dream_times(n_commit, self.eps,
+                                                                self.device)])
+        return at + step
+
+
+class RoundRows:
+    """The rows of one policy call: their packed host values on the device and the
+    ``StepState`` step fields (host scalars when the rows agree, ``[b]`` columns of the packed
+    table when ``per_row``).
+
+    Args:
+        states: the rows' ``RequestBlock``s; rows: their batch rows; batch: the batch size.
+        tables: the decoder's ``Tables``; timed: a budgeted policy; k: the block size.
+        per_row: the policy declares ``row_steps`` (rows may be at different steps).
+        scratch: the pool slot of inert rows; always: per-row values even when the rows
+            agree (pooled memory has no valid host counters).
+    """
+
+    def __init__(self, states: list[Any], rows: list[int], batch: int, tables: Tables,
+                 timed: bool, k: int, device: torch.device, *, per_row: bool,
+                 scratch: int, always: bool = False) -> None:
+        self.timed, self.k, self.tables = timed, k, tables
+        live = [st for st in states if not st.done]
+        self.st0 = st0 = live[0]
+        inert = len(live) < len(states)  # rows whose block was emitted ride along, inert
+        self.uniform = not inert and all(st.key() == st0.key() for st in live)
+        self.per_row = per_row and (always or not self.uniform)
+        seeded = all(st.seed is not None for st in live)
+        dream = tables.schedule == "dream"
+        host = []
+        for r, st in zip(rows, states, strict=True):
+            src = st0 if st.done else st  # an inert row: st0's values, nothing to decode
+            total = src.n_commit if timed else src.open
+            key = mix_seeds_int(src.seed, src.step) if seeded else 0
+            host.append([r, scratch if st.done else src.slot, src.step,
+                         max(src.n_commit - src.step, 1), total,
+                         k if st.done else k - src.open, src.step == 0,
+                         src.step >= src.n_commit - 1,
+                         tables.llada_budget(src.n_commit, src.open, src.step),
+                         tables.plan_row(src.n_commit, src.open, src.n_iter, src.step)
+                         if dream else 0,
+                         max(tables.times_row(src.n_commit, src.step), 0), key,
+                         mix_seeds_int(key, PROPOSAL_STREAM) if seeded else 0,
+                         _f64_bits(src.step / max(total - 1, 1))])
+        meta = torch.tensor(host, dtype=torch.long, pin_memory=device.type == "cuda")
+        self.meta = meta.to(device, non_blocking=True)
+        self.cols = self.meta.unbind(1)
+        self.idx = None if rows == list(range(batch)) else self.cols[ROW]
+        self.slots = self.cols[SLOT]
+        #: ``[b]`` bool: the block's last scheduled step (commit whatever is left)
+        self.last = self.cols[LAST].bool()
+        #: Dream's plan rows (fraction per step) on its grid, else ``None``
+        self.plan = tables.plan.index_select(0, self.cols[PLAN]).unbind(1) if dream else None
+        #: ``[b]`` int64 per-request stream keys of this step: the policy's
+        #: (``mix_seeds(seed, step)``) and the proposal's (that key mixed once more)
+        self.row_seeds = self.cols[SEED] if seeded else None
+        self.proposal_seeds = self.cols[PROPOSAL_SEED] if seeded else None
+        self.block_start: int | Tensor = self.cols[START] if self.per_row else k - st0.open
+
+    def fresh(self) -> Tensor:
+        """``[b, K]`` bool: the block positions after each row's prompt tail (the positions
+        the block decodes; none for an inert row)."""
+        return self.tables.after.index_select(0, self.cols[START])
+
+    def take(self, t: Tensor | None) -> Tensor | None:
+        """The call's rows of a batch tensor (itself when the call has every row)."""
+        return t if t is None or self.idx is None else t.index_select(0, self.idx)
+
+    @staticmethod
+    def groups(active: list[int], states: list[Any], tables: Tables) -> list[list[int]]:
+        """One call for every row, except that rows on Dream's time grid and rows past it
+        (editing post steps, where ``times`` is ``None``) cannot share one."""
+        if tables.schedule != "dream":
+            return [active]
+        on = [r for r in active if states[r].step < states[r].n_commit]
+        off = [r for r in active if states[r].step >= states[r].n_commit]
+        return [g for g in (on, off) if g]
+
+    def fields(self, masked: Tensor, proposal: Any, canvas: Tensor, fresh: Tensor,
+               generator: torch.Generator, memory: Any, lengths: Tensor | None
+               ) -> dict[str, Any]:
+        """``StepState`` keyword arguments of the call (those ``block`` fills in left out)."""
+        k, cols, st0, tables = self.k, self.cols, self.st0, self.tables
+        budget = None
+        if self.timed:
+            budget = self.cols[BUDGET] if self.plan is None else (
+                masked.sum(1, dtype=torch.float32) * self.plan[1].float()).long()
+        on_grid = tables.schedule == "dream" and st0.step < st0.n_commit  # see groups
+        times = None
+        if self.per_row:
+            step, total = cols[STEP], cols[TOTAL]
+            steps_left = cols[STEPS_LEFT] if self.timed else None
+            progress: Any = cols[PROGRESS].view(torch.float64)
+            if on_grid:
+                at = cols[TIMES]
+                times = (tables.times.index_select(0, at), tables.times.index_select(0, at + 1))
+            refresh: Any = cols[REFRESH].bool()
+            refreshed = refresh
+        else:
+            step = st0.step
+            total = st0.n_commit if self.timed else st0.open
+            steps_left = max(st0.n_commit - step, 1) if self.timed else None
+            progress = step / max(total - 1, 1)
+            if on_grid:
+                at = tables.times_row(st0.n_commit, step)
+                times = (tables.times[at], tables.times[at + 1])
+            refresh = step == 0
+            refreshed = torch.full((masked.shape[0],), refresh, device=masked.device)
+        start = self.block_start
+        return dict(
+            proposal=proposal, eligible=masked, masked=masked, fresh=fresh, canvas=canvas,
+            step=step, block=0, block_start=start, block_end=k, gen_start=start,
+            block_step=step, steps_left=steps_left, budget=budget, progress=progress,
+            generator=generator, forward_start=0, forward_width=k, times=times, memory=memory,
+            extras={"lengths": lengths, "refresh": refresh, "total_steps": total},
+            refreshed=refreshed, row_seeds=self.row_seeds)

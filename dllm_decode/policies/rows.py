@@ -1,0 +1,195 @@
+"""Per-row step values: the helpers a policy part uses to read a ``StepState`` whose rows are at
+different steps of their blocks, and the rules its per-request memory follows.
+
+A serving engine (SGLang's first-done-first-out batches, ``integrations/sglang``) decodes one
+request's block per row, each at its own step. It decides all rows in **one** call when every
+part of the policy declares ``Capabilities(row_steps=True)``: the ``StepState`` then holds the
+step values per row (``types.StepState``, "Step values, in one of two forms"): ``step``,
+``block_step``, ``steps_left``, ``block_start``, ``gen_start`` and ``extras["total_steps"]`` as
+``[B]`` int64, ``progress`` as ``[B]`` float64, ``times`` as ``([B], [B])`` float32, on the
+canvas's device; ``block_end`` stays a host int. A part that does not declare it gets host
+values only (the engine splits the rows into calls that share them).
+
+A part declaring ``row_steps`` must give each row exactly what a call on that row alone, with
+the row's values as host scalars, gives (tested: ``tests/test_row_steps.py``), with no host
+sync: Python control flow on a step value (``if state.block_step == 0``, ``min(step, n)``,
+``[:, bs:be]``, ``table[block_step]``) becomes a tensor op in the per-row branch. The shared
+form must keep running exactly the ops it ran before, so a part branches on ``per_row(value)``
+(a Python check, no op) and leaves the shared branch as it was.
+
+Random draws: with ``state.row_seeds`` (``[B]`` int64) set, every draw comes from
+``uniform(state, shape)`` (``kernels.row_uniform``: a row's numbers depend on its seed alone),
+never from ``state.generator``. The engine hands fresh seeds every step
+(``kernels.mix_seeds(request_seed, step)``); a part drawing twice in one step passes
+``stream=1, 2, ...`` to its later draws.
+
+**Memory rules** (what ``init_memory`` returns, for a part declaring ``row_steps``). The engine
+keeps one pool ``init_memory(N, K, device)`` (N = the most requests it runs, K = its block) and
+for each call gathers the rows of the requests in it (``take_memory``), calls the policy, and
+scatters them back (``put_memory``). So a memory must be a dataclass (or ``None``) whose fields
+are
+
+* tensors with the request as the leading dim (``[B, ...]``), updated in place or by assigning
+  a new tensor of the same shape to the field (both are written back);
+* ``None`` until the part allocates them at a step (``[B, ...]``, e.g. KLASS's ``log_prev`` once
+  V is known): the pool gets zeros ``[N, ...]`` and the rows are scattered;
+* dataclasses obeying the same rules (recursively: ``PairedMemory``, ``CreditMemory.base``);
+* host values (ints, tuples, ``None``) that the per-row branch **never reads nor relies on**
+  (they cannot differ between rows: use the state's per-row values instead, e.g. KLASS's
+  in-block warm-up reads ``state.block_step``, not its ``block_step`` counter).
+
+The memory object itself is never replaced in ``select`` (only its fields). A request's memory
+is per block inside the engine (its canvas is the block): the engine resets a request's rows to
+``init_memory(1, K, device)``'s values when its block starts (``reset_memory``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+from torch import Tensor
+
+from dllm_decode.kernels import mix_seeds, row_uniform
+from dllm_decode.types import StepState
+
+__all__ = ["as_rows", "column", "last_step", "lookup", "per_row", "positions", "put_memory",
+           "reset_memory", "span_mask", "table", "take_memory", "uniform"]
+
+
+def per_row(x: Any) -> bool:
+    """Whether a step value is given per row (a 1-d tensor) rather than shared (a host value
+    or a 0-d tensor). A Python check: no tensor op."""
+    return isinstance(x, Tensor) and x.dim() == 1
+
+
+def as_rows(x: int | float | Tensor, b: int, device: torch.device,
+            dtype: torch.dtype = torch.long) -> Tensor:
+    """A step value as ``[B]`` of ``dtype`` on ``device`` (a shared value repeated)."""
+    if isinstance(x, Tensor):
+        return x.to(device=device, dtype=dtype).expand(b) if x.dim() == 0 else \
+            x.to(device=device, dtype=dtype)
+    return torch.full((b,), x, dtype=dtype, device=device)
+
+
+def column(x: int | float | Tensor) -> int | float | Tensor:
+    """``x`` ready to broadcast against ``[B, L]``: ``[B, 1]`` for a per-row value, else
+    ``x`` itself."""
+    return x[:, None] if per_row(x) else x
+
+
+def positions(length: int, device: torch.device) -> Tensor:
+    """``[1, L]`` int64 canvas positions ``0 .. L - 1``."""
+    return torch.arange(length, device=device)[None]
+
+
+def span_mask(state: StepState, length: int | None = None) -> Tensor:
+    """``[B, L]`` bool: ``block_start <= position < block_end`` per row (shared or per row)."""
+    b, width = state.eligible.shape
+    pos = positions(width if length is None else length, state.eligible.device)
+    inside = (pos >= column(state.block_start)) & (pos < state.block_end)
+    return inside.expand(b, -1)
+
+
+def last_step(state: StepState) -> Tensor:
+    """``[B]`` bool: the row's block is at its last scheduled step (``steps_left == 1``;
+    all False for adaptive steps, ``steps_left is None``)."""
+    b, device = state.eligible.shape[0], state.eligible.device
+    if state.steps_left is None:
+        return torch.zeros(b, dtype=torch.bool, device=device)
+    return as_rows(state.steps_left, b, device) == 1
+
+
+def lookup(table: Tensor, index: Tensor, fill: int | float = 0) -> Tensor:
+    """``table[index]`` per row (``table [n]``, ``index [B]`` int64), ``fill`` where the index
+    is past the table's end (or negative). No host sync."""
+    n = table.shape[0]
+    if n == 0:
+        return torch.full(index.shape, fill, dtype=table.dtype, device=index.device)
+    inside = (index >= 0) & (index < n)
+    return torch.where(inside, table[index.clamp(0, n - 1)], fill)
+
+
+_TABLES: dict[tuple[Any, ...], Tensor] = {}
+
+
+def table(values: tuple[int | float, ...] | tuple[tuple[int, ...], ...], dtype: torch.dtype,
+          device: torch.device) -> Tensor:
+    """A read-only schedule table (host values, e.g. a per-step budget) as a tensor on
+    ``device``: made once per values / dtype / device (one copy to the device), then cached."""
+    key = (values, dtype, device)
+    out = _TABLES.get(key)
+    if out is None:
+        if len(_TABLES) > 256:
+            _TABLES.clear()
+        out = _TABLES[key] = torch.tensor(values, dtype=dtype, device=device)
+    return out
+
+
+def uniform(state: StepState, shape: tuple[int, ...], stream: int = 0) -> Tensor:
+    """``[B, ...]`` float64 uniforms in (0, 1) of ``shape`` from ``state.row_seeds``
+    (``kernels.row_uniform``; draw ``stream`` > 0 of a step takes ``mix_seeds(seeds,
+    stream)``). Raises ``ValueError`` when the state carries no row seeds."""
+    seeds = state.row_seeds
+    if seeds is None:
+        raise ValueError("StepState.row_seeds is None: per-row draws need row seeds (use "
+                         "state.generator otherwise)")
+    return row_uniform(seeds if stream == 0 else mix_seeds(seeds, stream), shape)
+
+
+# ---- memory gathered and scattered by rows -------------------------------------------------
+def take_memory(memory: Any, slots: Tensor) -> Any:
+    """A memory of the same class holding the rows ``slots [b]`` (int64) of the pool
+    ``memory``: each tensor field ``index_select(0, slots)``, dataclass fields recursively,
+    other fields as they are."""
+    if not dataclasses.is_dataclass(memory) or isinstance(memory, type):
+        return memory
+    values = {}
+    for f in dataclasses.fields(memory):
+        value = getattr(memory, f.name)
+        if isinstance(value, Tensor):
+            value = value.index_select(0, slots)
+        elif dataclasses.is_dataclass(value):
+            value = take_memory(value, slots)
+        values[f.name] = value
+    out = object.__new__(type(memory))
+    for name, value in values.items():
+        object.__setattr__(out, name, value)
+    return out
+
+
+def put_memory(pool: Any, part: Any, slots: Tensor, size: int) -> None:
+    """Write the rows of ``part`` (a memory from ``take_memory(pool, slots)``, after the call)
+    back into ``pool`` (``size`` = N rows) at ``slots``: ``index_copy_`` of every tensor
+    field; a field that is ``None`` in the pool and a tensor in ``part`` is allocated as zeros
+    ``[N, ...]`` first."""
+    if not dataclasses.is_dataclass(pool) or isinstance(pool, type):
+        return
+    for f in dataclasses.fields(pool):
+        mine, theirs = getattr(pool, f.name), getattr(part, f.name)
+        if isinstance(theirs, Tensor):
+            if mine is None:
+                mine = theirs.new_zeros((size, *theirs.shape[1:]))
+                object.__setattr__(pool, f.name, mine)
+            mine.index_copy_(0, slots, theirs.to(mine.dtype))
+        elif dataclasses.is_dataclass(mine):
+            put_memory(mine, theirs, slots, size)
+
+
+def reset_memory(pool: Any, fresh: Any, slots: Tensor) -> None:
+    """Reset the rows ``slots [b]`` of ``pool`` to a fresh memory's (``fresh``: the part's
+    ``init_memory(1, K, device)``, broadcast over the slots); a lazily allocated field that
+    ``fresh`` holds as ``None`` gets zeros there."""
+    if not dataclasses.is_dataclass(pool) or isinstance(pool, type):
+        return
+    for f in dataclasses.fields(pool):
+        mine, new = getattr(pool, f.name), getattr(fresh, f.name)
+        if isinstance(mine, Tensor):
+            if isinstance(new, Tensor):
+                rows = new.to(mine.dtype).expand(slots.shape[0], *mine.shape[1:])
+            else:
+                rows = mine.new_zeros((slots.shape[0], *mine.shape[1:]))
+            mine.index_copy_(0, slots, rows)
+        elif dataclasses.is_dataclass(mine):
+            reset_memory(mine, new, slots)
