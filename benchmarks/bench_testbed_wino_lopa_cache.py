@@ -71,7 +71,8 @@ def skip_reason(model: Any, policy: str, kwargs: dict[str, Any]) -> str | None:
     """Why a config does not apply to ``model`` (``None``: it does)."""
     layered = hasattr(model, "layers")
     if (policy in ("wino", "lopa") or "cache" in kwargs) and not layered:
-        return "the oracle reads every fed sequence as a canvas (no extra forwards, no layers)"
+        return ("the oracle refuses extra forwards (LoPA's branches, WINO's shadow block) and "
+                "has no layers to cache")
     if policy == "wino" and getattr(model, "logit_shift", 0):
         return "WINO's shadow block needs position-aligned logits (Dream-family shifts them)"
     return None

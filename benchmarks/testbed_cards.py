@@ -50,7 +50,7 @@ def preset_rows(name: str, model: Any, n: int, seed: int, seeds: int) -> list[di
         settings += [(f"gemma_renoise, N = {b} forwards, no early stop", "gemma_renoise",
                       {"steps": b, "early_stop": False}) for b in (16, 8, 4, 2)]
     else:
-        settings = [("family default: llada2 (p > 0.95, else 2 per step)", None,
+        settings = [("family default: llada2 (p > 0.95, else 1 per step)", None,
                      {"steps": None}),
                     ("llada21 quality, 1 per step", "llada21", {"mode": "quality"}),
                     ("llada21 speed, 1 per step", "llada21", {"mode": "speed"})]

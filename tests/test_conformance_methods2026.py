@@ -10,6 +10,11 @@ decoders (``credit``, ``threshold``), on ``../shared/conformance/llada-tiny`` (s
 logit noise leaves it unchanged; each is replayed here plain and with such noise on the
 library's forward, so fp32 rounding on another CPU cannot flip it.
 
+The sampled Fréchet cases (temperature 0.7, seeded) run every loop, prefix and dual cache
+included: Fast-dLLM++'s prefix loop draws one Gumbel tensor per forward, so the library must not
+apply Fast-dLLM's discarded second draw there (``samplers.proposals.PREFIX_DOUBLE_DRAW``; with
+it, every sampled prefix case fails).
+
 dInfer's ``BlockRunner`` may forward a finished block again (it checks for masks only every
 ``unroll_k`` forwards): its NFE counts those, ``nfe_useful`` does not, and the library must
 equal ``nfe_useful`` (the recorded cases show how many forwards the check saves).
@@ -140,6 +145,15 @@ def test_credit_case(case: dict[str, Any], noisy: bool) -> None:
     out = _run(case, *credit_settings(case), noisy)
     assert out.tokens.tolist() == case["output_ids"], case["name"]
     assert out.forwards == case["nfe_useful"] <= case["nfe"], case["name"]
+
+
+def test_sampled_cached_frechet_cases_present() -> None:
+    """The public set pins Fast-dLLM++'s sampled cached loops (prefix and dual)."""
+    sampled = {c["reference_function"] for c in FRECHET if c["args"]["temperature"] > 0}
+    assert sampled == set(CACHES)
+    prefix = [c for c in FRECHET if c["args"]["temperature"] > 0
+              and c["reference_function"] == "generate_with_prefix_cache"]
+    assert len(prefix) >= 3 and any(len(c["prompt_ids"]) > 1 for c in prefix)
 
 
 def test_fixtures_carry_their_provenance() -> None:

@@ -6,6 +6,7 @@ schedule."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -181,9 +182,26 @@ def test_llada2_schedule_matches_the_reference_split() -> None:
     assert llada2_schedule(8, 3) == [3, 3, 2]
     assert llada2_schedule(4, 8) == [1, 1, 1, 1, 0, 0, 0, 0]
     assert llada2_schedule(32, 0) == []
+    # the reference decodes the block's padding too: 8 positions over min(4, 4 // 2) = 2 steps
+    rule = MinimalTopK(block_steps=4, minimal_topk=2, block_length=8, gen_length=4,
+                       decode_block_padding=True)
+    assert [rule.k(i) for i in range(3)] == [4, 4, 0]
+    # without it the 4 positions decoded are split: 2 steps of 2
     rule = MinimalTopK(block_steps=4, minimal_topk=2, block_length=8, gen_length=4)
-    assert [rule.k(i) for i in range(3)] == [4, 4, 0]  # min(4, 4 // 2) = 2 steps of 4
+    assert [rule.k(i) for i in range(3)] == [2, 2, 0]
     assert MinimalTopK(min_commit=3).k(7) == 3
+
+
+def test_a_short_answer_splits_the_positions_it_decodes() -> None:
+    """16 tokens in LLaDA2's block of 32 without the padding decoded: one commit a step (the
+    reference's two a step split its padded block), bound from the sampler's config."""
+    model = SimpleNamespace(block_size=32)
+    bound = MinimalTopK().bind(model, SimpleNamespace(block_length=None, steps=None,
+                                                      gen_length=16))
+    assert bound.schedule() == [1] * 16
+    padded = MinimalTopK().bind(model, SimpleNamespace(block_length=None, steps=None,
+                                                       gen_length=16, decode_block_padding=True))
+    assert padded.schedule() == [2] * 16
 
 
 def test_minimal_topk_rule() -> None:

@@ -51,10 +51,11 @@ def test_bundled_checkpoint_is_a_release_format_directory(name: str) -> None:
 def test_default_preset_answers_held_out_prompts(name: str, one_thread: None) -> None:
     """The family default through ``DiffusionSampler(model)``.
 
-    ``testbed-llada2``: LLaDA2.0's ``llada2`` preset commits at least two tokens a step on a
-    16-token answer (its schedule is per block of 32) and every position above 0.95: the
-    deterministic tasks hold; the dependent (random) tasks show the test bed's parallel drop, as
-    they do for the exact oracle at k >= 2. ``testbed-gemma``: ``gemma_renoise`` as released
+    ``testbed-llada2``: LLaDA2.0's ``llada2`` preset commits every position above 0.95 and at
+    least one a step on a 16-token answer (its minimum splits the positions decoded, not the
+    reference's padded block of 32, which forced two dependent names a step: shuffle 15-20 %):
+    every task holds, the dependent ones (measured 83-100 % on 30 held-out prompts each) to a
+    floor of 75. ``testbed-gemma``: ``gemma_renoise`` as released
     (48 steps, early stop; its entropy bound accepts about one uncertain name a step) answers
     the dependent tasks too; it samples, so those get 20 prompts and a floor far under the
     card's 50-prompt numbers (86-98 %)."""
@@ -67,6 +68,8 @@ def test_default_preset_answers_held_out_prompts(name: str, one_thread: None) ->
     for task in rows:
         if task not in RANDOM_TASKS:
             assert accuracy(rows, task) >= 90, task
+        elif not uniform:
+            assert accuracy(rows, task) >= 75, task
     nfe = [r["nfe"] for task in rows for r in rows[task]]
     assert max(nfe) <= (48 if uniform else TESTBED_GEN_LENGTH // 2)
     if uniform:

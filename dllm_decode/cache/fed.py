@@ -20,8 +20,11 @@ class Fed:
     are meaningful for that row. fed_start / fed_width: the canvas span the *reference*
     decoder's forward covers (random draws in ``rng="reference"`` mode use this shape).
     ``refresh``: every row had a full refresh; ``refreshed`` (``[B']`` bool, ``None``: all rows
-    equal ``refresh``) says it per row. ``double_draw``: Fast-dLLM's prefix loop draws (and
-    discards) one extra Gumbel tensor.
+    equal ``refresh``) says it per row. ``double_draw``: a cached step of the prefix loop, at
+    which Fast-dLLM's ``generate_with_prefix_cache`` draws (and discards) one extra Gumbel
+    tensor; the proposal maker draws it only for a selector that reproduces that loop
+    (``samplers.proposals.PREFIX_DOUBLE_DRAW``), never for others (Fast-dLLM++'s prefix loop,
+    dInfer's, a plugin's).
     """
 
     logits: Tensor

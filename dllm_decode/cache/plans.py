@@ -3,7 +3,9 @@
 * ``none``: the whole canvas every step (exact).
 * ``prefix`` (Fast-dLLM): a full forward at block start (and every ``refresh_every`` steps)
   stores K/V for every position; later forwards feed ``[block_start, L)`` against the cached
-  prefix. Approximate: the prefix K/V go stale as the block changes.
+  prefix. Approximate: the prefix K/V go stale as the block changes. Its cached steps carry
+  ``double_draw`` (``Feed``): where Fast-dLLM's loop draws twice; the plan says where, the
+  proposal maker decides for whom (the selector's ``reference_loop``).
 * ``dual`` (Fast-dLLM): the same refresh; later forwards feed only the block, overwriting its
   K/V, against the cached prefix *and* suffix.
 * ``block_causal`` (block-diffusion models): blocks are causal, so committed blocks are written

@@ -21,6 +21,14 @@ length); rounded up to a multiple of block_length on LLaDA / Dream. ``until`` st
 truncate the decoded text; answers end at the model's EOS, ``generation_config.json``'s and
 the tokenizer's EOS / end-of-turn (``text.stop_token_ids``).
 
+Prompts are rendered with the tokenizer's chat template by default (``chat``: ``auto``, as
+``text.encode_prompts``), as lm-eval's ``--apply_chat_template`` would render them: the doc's
+own turns when it has ``messages`` (the task pack: demonstrations as user / assistant turns),
+else the context as one user turn, with the generation prompt. A context lm-eval already
+rendered (``--apply_chat_template`` calls ``apply_chat_template`` below) is used as it is.
+``chat=false`` in ``--model_args`` feeds the flat context (lm-eval's rendering without the
+flag); a tokenizer without a chat template always gets the flat context.
+
 ``loglikelihood`` is the Monte-Carlo masked ELBO of LLaDA-style evaluation: per draw, mask
 ``l`` of the ``L`` continuation tokens (``l`` stratified over the draws of a batch), and
 average ``sum_masked CE / (l / L)``; ``mc_num`` draws in batches of ``mc_batch_size``.
@@ -72,6 +80,21 @@ def _typed(value: Any) -> Any:
     return value
 
 
+def _chat_setting(chat: bool | str, tokenizer: Any) -> bool:
+    """``chat`` (``auto`` / true / false, as a model_args string or a bool) -> whether
+    contexts are rendered through ``tokenizer``'s chat template."""
+    has_template = bool(getattr(tokenizer, "chat_template", None))
+    value = str(chat).lower()
+    if value == "auto":
+        return has_template
+    if value not in ("true", "false", "1", "0", "yes", "no"):
+        raise ValueError(f"chat must be auto, true or false, got {chat!r}")
+    if value in ("true", "1", "yes") and not has_template:
+        raise ValueError("chat=true needs a tokenizer with a chat template; this one has none: "
+                         "pass chat=false (or auto) in --model_args")
+    return value in ("true", "1", "yes")
+
+
 class DllmDecodeLM(LM):
     """Any ``dllm_decode`` model under lm-eval.
 
@@ -82,8 +105,12 @@ class DllmDecodeLM(LM):
         device, dtype: where and how to load the model.
         batch_size: requests decoded together (same decoding config only).
         mc_num, mc_batch_size: Monte-Carlo draws for ``loglikelihood`` and their batch size.
-        doc_messages: render ``doc["messages"]`` (a JSON list of chat turns, as the task pack
-            provides) through the tokenizer's chat template instead of the flat context.
+        chat: render contexts through the tokenizer's chat template: ``"auto"`` (default:
+            when the tokenizer has one), ``true`` (an error without one) or ``false`` (the
+            flat context). Contexts lm-eval rendered (``--apply_chat_template``) are kept.
+        doc_messages: with the chat template, render ``doc["messages"]`` (a JSON list of chat
+            turns, as the task pack provides) when the doc has it (default); ``false``: the
+            context as one user turn.
         speed_log: JSONL path for per-request speed records keyed by (task, doc_id).
         **knobs: default decoding knobs (see the module docstring).
     """
@@ -98,7 +125,8 @@ class DllmDecodeLM(LM):
         batch_size: int | str = 1,
         mc_num: int = 128,
         mc_batch_size: int = 32,
-        doc_messages: bool = False,
+        chat: bool | str = "auto",
+        doc_messages: bool | str = True,
         speed_log: str | None = None,
         **knobs: Any,
     ) -> None:
@@ -123,6 +151,9 @@ class DllmDecodeLM(LM):
                 f"mc_num ({mc_num}) must be a multiple of mc_batch_size ({mc_batch_size})"
             )
         self.doc_messages = str(doc_messages).lower() in ("1", "true", "yes")
+        self.chat = _chat_setting(chat, tokenizer)
+        #: contexts lm-eval rendered through ``apply_chat_template`` (kept as they are)
+        self._rendered: set[str] = set()
         self.speed_log = Path(speed_log) if speed_log else None
         # lm-eval's --trust_remote_code lands here too (it is meant for dataset scripts): the
         # model and tokenizer above never run repository code, whatever it says
@@ -145,13 +176,25 @@ class DllmDecodeLM(LM):
         return list(self.tokenizer(text, add_special_tokens=special)["input_ids"])
 
     def _context_ids(self, request: Any) -> list[int]:
+        """Token ids of a request's context: rendered through the chat template (``chat``),
+        the doc's own turns when it has them (``doc_messages``), else the context as one user
+        turn; a context lm-eval already rendered, or ``chat`` off: the context as it is."""
+        context = request.args[0]
+        if context in self._rendered:  # lm-eval's --apply_chat_template rendered it
+            return self._encode(context, special=False)
+        if not self.chat:
+            return self._encode(context)
         doc = getattr(request, "doc", None)
         if self.doc_messages and isinstance(doc, dict) and "messages" in doc:
-            text = self.tokenizer.apply_chat_template(
-                json.loads(doc["messages"]), add_generation_prompt=True, tokenize=False
-            )
-            return self._encode(text, special=False)
-        return self._encode(request.args[0])
+            turns = json.loads(doc["messages"])
+        else:
+            turns = [{"role": "user", "content": context}]
+        return self._encode(self._render(turns), special=False)
+
+    def _render(self, turns: list[dict[str, str]], add_generation_prompt: bool = True) -> str:
+        return self.tokenizer.apply_chat_template(
+            turns, add_generation_prompt=add_generation_prompt, tokenize=False
+        )
 
     def decode_settings(self, gen_kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict]:
         """``(sampler_kwargs, generate_kwargs)`` for one request (gen_kwargs win)."""
@@ -218,10 +261,11 @@ class DllmDecodeLM(LM):
     def apply_chat_template(
         self, chat_history: list[dict[str, str]], add_generation_prompt: bool = True
     ) -> str:
-        """Render lm-eval's chat history with the tokenizer's chat template."""
-        return self.tokenizer.apply_chat_template(
-            chat_history, add_generation_prompt=add_generation_prompt, tokenize=False
-        )
+        """Render lm-eval's chat history with the tokenizer's chat template (lm-eval calls
+        it under ``--apply_chat_template``; the context it returns is not rendered again)."""
+        text = self._render(chat_history, add_generation_prompt)
+        self._rendered.add(text)
+        return text
 
     def generate_until(self, requests: list[Any], disable_tqdm: bool = False) -> list[str]:
         """Diffusion decoding per request; see the module docstring for the knobs."""
@@ -320,7 +364,7 @@ class DllmDecodeLM(LM):
             if not target:
                 out.append((0.0, True))
                 continue
-            nll = self._masked_nll(self._encode(context), target, generator)
+            nll = self._masked_nll(self._context_ids(request), target, generator)
             out.append((-nll, False))
         return out
 

@@ -208,6 +208,13 @@ class DecoderLM(nn.Module):
         return self.spec.family
 
     @property
+    def supports_causal_in_block(self) -> bool | None:
+        """Whether the weights run with causal attention inside a block (block size 1: an
+        AR model; S2D2's verifier, ``draft_causal``, ``causal_prefix``): ``config.json``'s
+        ``supports_causal_in_block``; ``None``: not stated (policies then trust the family)."""
+        return self.spec.extra.get("supports_causal_in_block")
+
+    @property
     def dtype(self) -> torch.dtype:
         """Dtype of the weights (``load_model(dtype=...)``)."""
         return self.head.weight.dtype

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import re
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -105,7 +106,20 @@ def parse_spec(config: dict[str, Any], where: Path | str) -> ModelSpec:
                         f"[0, {spec.vocab_size}); fix {name} or vocab_size"
                         + ("" if name != "mask_token_id" else
                            " (or pass load_model(..., mask_token_id=...))"))
-    return spec
+    return with_causal_in_block(spec, config, where)
+
+
+def with_causal_in_block(spec: ModelSpec, config: dict[str, Any], where: Path | str) -> ModelSpec:
+    """``spec`` with ``config``'s ``supports_causal_in_block`` (a bool: whether the weights
+    were trained to run with causal attention inside a block, e.g. S2D2's block-size-1
+    verifier) in ``spec.extra``; absent: not stated."""
+    if "supports_causal_in_block" not in config:
+        return spec
+    flag = config["supports_causal_in_block"]
+    if not isinstance(flag, bool):
+        raise CheckpointError(f"{where}: supports_causal_in_block must be true or false, got "
+                              f"{flag!r}")
+    return replace(spec, extra={**spec.extra, "supports_causal_in_block": flag})
 
 
 def min_parameters(spec: ModelSpec) -> int:

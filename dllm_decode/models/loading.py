@@ -283,6 +283,8 @@ def save_model(model: DecoderLM, directory: str | Path, *, max_shard_bytes: int 
     out.mkdir(parents=True, exist_ok=True)
     _, _, writer = FAMILIES[model.spec.family]
     config = writer(model.spec) | dict(config_extra or {})
+    if "supports_causal_in_block" in model.spec.extra:  # stated in the config it was built from
+        config.setdefault("supports_causal_in_block", model.spec.extra["supports_causal_in_block"])
     (out / "config.json").write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
     state = {k: v.detach().contiguous().cpu() for k, v in model.checkpoint_state_dict().items()}
     if tied_embeddings(model):

@@ -57,6 +57,12 @@ CALIBRATED_FLOOR: Final = 1.0e-6
 #: prompts whose answer tables an oracle keeps (oldest dropped first)
 TABLE_CACHE: Final = 4096
 
+#: how every forward the oracle cannot serve exactly is refused, and what to use instead
+REFUSED: Final = "WaitingLineOracle cannot serve this forward exactly"
+USE_INSTEAD: Final = ("; the oracle serves plain forwards of whole canvases only: decode it "
+                      "with a policy without extra forwards (not lopa, wino, s2d2) or use a "
+                      "trained test-bed checkpoint (testbed-llada)")
+
 PAD, EOS, MASK, ANSWER, FILL = "<pad>", "<eos>", "<mask>", "<answer>", "<fill>"
 OPEN, CLOSE, SEP = "[", "]", ","
 
@@ -71,8 +77,10 @@ class WaitingLineOracle(nn.Module):
         calibration: knobs that make logits model-like (default: exact, see
             ``dllm_decode.models.calibration``).
 
-    Satisfies the ``DiffusionLM`` contract: bidirectional, position-aligned logits, no cache.
-    Forward cost is a Python pass over the batch rows plus one scatter per distinct prompt.
+    Satisfies the ``DiffusionLM`` contract: bidirectional, position-aligned logits, no cache;
+    it serves plain forwards of whole canvases only and refuses every other forward (packed
+    rows, per-query masks: ``forward``). Forward cost is a Python pass over the batch rows
+    plus one scatter per distinct prompt.
     """
 
     attention: str = "bidirectional"
@@ -298,12 +306,21 @@ class WaitingLineOracle(nn.Module):
 
         Args:
             tokens: ``[B, N]`` the whole canvas (prompt, ``<answer>``, generation region).
-            positions: ``[B, N]`` positions (unused beyond the shape check).
+            positions: ``[B, N]`` positions, ``p, p + 1, ...`` along each row.
             cache: must be ``None`` (the oracle has no cache).
             slots: ignored (cache only).
-            mask: ignored (the oracle reads the prompt tokens directly).
+            mask: ``None`` or plain full visibility: a bool key mask ``[B, N]``, or ``[B, N, N]``
+                whose every query row is the same key mask (what the sampler passes for left
+                padding and truncated tails). A hidden answer position is an unknown token (read
+                as masked, so its own prediction is its conditional too); hidden keys before
+                the prompt's task token are ignored (left padding).
             store: ignored (cache only).
             hidden_rows: optional ``[R]`` indices into N; logits only for those rows.
+
+        Refused with a one-line ``ValueError`` (never served approximately): a mask that lets
+        queries see different keys (LoPA's packed branches, WINO's shadow block, S2D2's
+        verifier), keys beyond the fed tokens, a hidden prompt token, positions that do not
+        run ``p, p + 1, ...`` along the row, and a row without exactly one ``<answer>``.
 
         Committed and prompt positions get a point mass on their own token; impossible tokens
         get ``NEG_LOGIT`` (or the calibration's floor; masked answer positions also get its
@@ -316,29 +333,66 @@ class WaitingLineOracle(nn.Module):
             raise ValueError(f"tokens {tuple(tokens.shape)} and positions "
                              f"{tuple(positions.shape)} must both be [B, N]")
         b, n = tokens.shape
+        hidden = ~visible_keys(mask, b, n, tokens.device)  # [B, N] keys no query sees
+        if n > 1 and not bool((positions.diff(dim=1) == 1).all()):
+            raise ValueError(f"{REFUSED}: positions must run p, p + 1, ... along each row (one "
+                             f"whole canvas); got repeated or packed positions{USE_INSTEAD}")
         probs = torch.zeros(b, n, self.vocab_size, dtype=torch.float64, device=tokens.device)
         probs.scatter_(2, tokens[..., None], 1.0)
         answer_id = self.token_id[ANSWER]
         groups: dict[tuple[tuple[int, ...], int], list[int]] = {}
-        for row, ids in enumerate(tokens.tolist()):
+        for row, (ids, off) in enumerate(zip(tokens.tolist(), hidden.tolist(), strict=True)):
             if answer_id not in ids:
                 raise ValueError("the oracle needs the whole canvas (prompt ending in "
                                  "<answer>) in every forward; partial/cached forwards are "
                                  "not supported")
+            if ids.count(answer_id) > 1:
+                raise ValueError(f"{REFUSED}: row {row} holds {ids.count(answer_id)} <answer> "
+                                 f"tokens (several canvases packed in one row){USE_INSTEAD}")
             start = ids.index(answer_id) + 1
-            groups.setdefault((tuple(ids[:start]), start), []).append(row)
+            first = next((i for i, t in enumerate(ids) if t in self._task_of), 0)
+            if any(off[first:start]):
+                raise ValueError(f"{REFUSED}: the mask hides prompt position "
+                                 f"{off.index(True, first)} of row {row} (only left padding "
+                                 "before the task token and answer positions may be hidden)")
+            # keyed from the task token: left padding changes neither the answers nor the
+            # calibration's noise (a row decodes as it does alone)
+            groups.setdefault((tuple(ids[first:start]), start), []).append(row)
         cal = self.calibration
         logits = torch.empty_like(probs)
         names, partners = self._names.to(tokens.device), self._partners.to(tokens.device)
         for (prompt, start), rows in groups.items():
             answers = self.answer_table(prompt, n - start).to(tokens.device)
-            region = tokens[rows, start:]
+            # a hidden answer key is an unknown token: conditioned on as a mask
+            region = tokens[rows, start:].masked_fill(hidden[rows, start:], self.mask_token_id)
             masked = region == self.mask_token_id
             cond = cal.confuse(self.marginals(answers, region), names, partners)
             probs[rows, start:] = torch.where(masked[..., None], cond, probs[rows, start:])
-            logits[rows] = cal.logits(probs[rows], F.pad(masked, (start, 0)), prompt)
+            first = start - len(prompt)  # the task token: noise is drawn from there on
+            logits[rows, first:] = cal.logits(probs[rows, first:],
+                                              F.pad(masked, (len(prompt), 0)), prompt)
+            if first:  # left padding: point masses, as alone
+                logits[rows, :first] = cal.logits(probs[rows, :first],
+                                                  masked.new_zeros(len(rows), first), prompt)
         logits = logits.float()
         return logits if hidden_rows is None else logits[:, hidden_rows]
+
+
+def visible_keys(mask: Tensor | None, b: int, n: int, device: torch.device) -> Tensor:
+    """The keys ``[B, N]`` (bool) every query of a plain full-visibility ``mask`` sees
+    (``None``: all of them); any other mask is refused (see ``WaitingLineOracle.forward``)."""
+    if mask is None:
+        return torch.ones(b, n, dtype=torch.bool, device=device)
+    if mask.dtype != torch.bool or tuple(mask.shape) not in ((b, n), (b, n, n)):
+        raise ValueError(f"{REFUSED}: the mask must be bool [B, N] = {[b, n]} or [B, N, N] = "
+                         f"{[b, n, n]} (keys = the fed canvas); got {mask.dtype} "
+                         f"{list(mask.shape)}{USE_INSTEAD}")
+    if mask.dim() == 3:
+        if not bool((mask == mask[:, :1]).all()):
+            raise ValueError(f"{REFUSED}: the mask lets queries see different keys (packed "
+                             f"branches, a shadow block or a verifier's rows){USE_INSTEAD}")
+        mask = mask[:, 0]
+    return mask.to(device)
 
 
 def codec_for(directory: str | Path) -> WaitingLineOracle | None:

@@ -73,6 +73,12 @@ class Threshold:
     tie_window: float = 0.0
 
     @property
+    def reference_loop(self) -> str | None:
+        """Fast-dLLM's loops (``samplers.proposals.REFERENCE_LOOPS``) for its remasking scores
+        (``prob``, ``random``) without dInfer's tie window; else none."""
+        return fast_dllm_loop(self.score) if self.tie_window == 0 else None
+
+    @property
     def capabilities(self) -> Capabilities:
         """Adaptive; reads the proposal field of ``score`` only, at eligible positions; no
         step value (``row_steps``; ``random`` draws from ``row_seeds`` when set)."""
@@ -98,6 +104,13 @@ class Threshold:
             best = torch.where(state.eligible, score, lowest(score.dtype)).amax(-1, keepdim=True)
             commit = commit | (state.eligible & (score >= best - self.tie_window))
         return commit
+
+
+def fast_dllm_loop(score: ScoreKind) -> str | None:
+    """``"fast_dllm"`` for Fast-dLLM's remasking scores (``prob``: ``low_confidence``;
+    ``random``), else ``None``: the ``reference_loop`` of its rules (``rng="reference"`` then
+    draws as ``generate_with_prefix_cache`` does, ``samplers.proposals.PREFIX_DOUBLE_DRAW``)."""
+    return "fast_dllm" if score in (ScoreKind.PROB, ScoreKind.RANDOM) else None
 
 
 def ranked_adaptive(score: ScoreKind) -> Capabilities:
@@ -131,6 +144,11 @@ class Factor:
     factor: float = 1.0
     score: ScoreKind = ScoreKind.PROB
     last_rank_quirk: bool = False
+
+    @property
+    def reference_loop(self) -> str | None:
+        """Fast-dLLM's loops for its remasking scores (``fast_dllm_loop``)."""
+        return fast_dllm_loop(self.score)
 
     @property
     def capabilities(self) -> Capabilities:

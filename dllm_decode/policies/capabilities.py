@@ -73,6 +73,11 @@ class Capabilities:
         draft_causal: on block-causal models, the forward plan also computes the current
             block's draft-causal rows (S2D2's partially-causal drafting, ``draft_ver``);
             ignored on other attentions.
+        causal_forwards: runs extra forwards with causal attention inside a block (S2D2's
+            block-size-1 verifier). This, ``draft_causal`` and ``causal_prefix`` run a
+            block-causal model as it runs only when trained for it (or initialised from an
+            AR model): a model declaring ``supports_causal_in_block = False`` is refused at
+            bind (``check_model_needs``).
         requires_attention: the model attention the policy needs (``"bidirectional"`` or
             ``"block_causal"``); checked when the sampler is built.
         proposes_after_select: tokens of committed positions are drawn after the selection
@@ -144,6 +149,7 @@ class Capabilities:
     preferred_schedule: str | None = None
     causal_prefix: bool = False
     draft_causal: bool = False
+    causal_forwards: bool = False
     requires_attention: str | None = None
     proposes_after_select: bool = False
     may_commit_nothing: bool = False
@@ -313,6 +319,45 @@ class PolicyCapabilities:
     masked_only: bool = False
     noise_kinds: tuple[str, ...] = ("mask",)
     row_steps: bool = False
+
+
+#: what each causal-in-block capability does, for ``check_model_needs``'s error
+_CAUSAL_USES: Final[dict[str, str]] = {
+    "causal_forwards": "its verifier runs the model in block-size-1 (causal) mode",
+    "draft_causal": "draft_causal: decoded positions of the block attend causally in the draft",
+    "causal_prefix": "causal_prefix: committed blocks are cached with causal attention",
+}
+
+
+def check_model_needs(model: Any, caps: PolicyCapabilities, causal_prefix: bool | None,
+                      policy: str) -> None:
+    """Refuse, at bind, a policy that runs a block-causal ``model`` with causal attention
+    inside a block (``causal_forwards``, ``draft_causal``, ``causal_prefix``: the config's
+    value, else the selector's) when the model says it was not trained for that.
+
+    ``model.supports_causal_in_block`` (``config.json``): ``True`` (trained with block-size-1
+    steps, as ``tiny-sdar``), ``False`` (trained only in its own blocks, as ``testbed-llada2``:
+    its block-size-1 predictions are untrained) or ``None`` / absent (not stated: allowed, as
+    S2D2's authors run the released AR-initialised SDAR, LLaDA2.x and Fast-dLLM v2).
+
+    Raises:
+        ValueError: one line naming what the policy runs causally and what to use instead.
+    """
+    if getattr(model, "attention", None) != "block_causal" or getattr(
+            model, "supports_causal_in_block", None) is not False:
+        return
+    sel = caps.selector
+    on = {"causal_forwards": sel.causal_forwards, "draft_causal": sel.draft_causal,
+          "causal_prefix": sel.causal_prefix if causal_prefix is None else causal_prefix}
+    uses = [_CAUSAL_USES[name] for name, value in on.items() if value]
+    if uses:
+        raise ValueError(
+            f"policy {policy!r} runs this {getattr(model, 'family', '')} model with causal "
+            f"attention inside a block ({'; '.join(uses)}), which it was not trained for "
+            "(supports_causal_in_block is false in its config.json: those predictions are "
+            "untrained); use a model trained for it (e.g. tiny-sdar), or turn them off: "
+            "draft_causal=False, causal_prefix=False and, for s2d2, router='never' (its "
+            "fallback rule alone)")
 
 
 def noise_kind_of(model: Any) -> str:

@@ -75,6 +75,12 @@ class TopK:
         return Capabilities(proposal_fields=score_fields(self.score), reads_masked_only=True,
                             row_steps=True)
 
+    @property
+    def reference_loop(self) -> str | None:
+        """``low_confidence`` is Fast-dLLM's loops' rule (``samplers.proposals.REFERENCE_LOOPS``;
+        LLaDA's ``generate`` draws as Fast-dLLM's); Dream's rules have none (categorical)."""
+        return "fast_dllm" if self.score is ScoreKind.PROB and not self.alg_temp else None
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "score", ScoreKind(self.score))
         check_fields(self, "TopK")
@@ -111,6 +117,8 @@ class RandomOrder:
     #: no proposal score (tokens and prob at the commits only); per-row draws from
     #: ``row_seeds`` (``random_scores``)
     capabilities = Capabilities(proposal_fields=(), reads_masked_only=True, row_steps=True)
+    #: LLaDA's / Fast-dLLM's ``remasking="random"`` (``samplers.proposals.REFERENCE_LOOPS``)
+    reference_loop = "fast_dllm"
 
     def select(self, state: StepState) -> Tensor:
         return budget_mask(state, random_scores(state), state.eligible, state.budget)

@@ -171,8 +171,11 @@ class DilatedSchedule:
         """Commit mask ``[B, L]`` of the level in force (see the class docstring)."""
         eligible = state.eligible
         rows = per_row(state.block_start) or per_row(state.block_step)
-        if rows:  # [B, L] levels, [B, 1] level counts and steps
-            level, n_levels = _level_rows(state, self.base, self.skip_exp, self.merge_last)
+        if rows:  # [B, L] levels, [B, 1] level counts (made only when read) and steps
+            level, counts, start = _level_rows(state, self.base, self.skip_exp,
+                                               self.merge_last)
+            if self.order == "confidence" or self.threshold > 0:
+                n_levels = counts.index_select(0, start)[:, None]
             step = as_rows(state.block_step, eligible.shape[0], eligible.device)[:, None]
         else:
             level, n_levels = _level_row(eligible.shape[-1], state.block_start,
@@ -202,9 +205,10 @@ class DilatedSchedule:
 
 
 def _level_rows(state: StepState, base: int, skip_exp: int,
-                merge_last: bool) -> tuple[Tensor, Tensor]:
-    """``_level_row`` per row for per-row block starts: ``([B, L] int64 levels, [B, 1] int64
-    number of levels)``, looked up in a table over every start ``0 .. block_end - 1`` (a
+                merge_last: bool) -> tuple[Tensor, Tensor, Tensor]:
+    """``_level_row`` per row for per-row block starts: ``([B, L] int64 levels, [n] int64
+    number of levels per start, [B] int64 starts)`` (a row's count is
+    ``counts[starts]``), looked up in a table over every start ``0 .. block_end`` (a
     read-only constant per canvas, cached). No host sync."""
     eligible = state.eligible
     b, length = eligible.shape
@@ -214,13 +218,14 @@ def _level_rows(state: StepState, base: int, skip_exp: int,
     if tables is None:
         built = [_level_row(length, start, end, base, skip_exp, merge_last, device)
                  for start in range(end)]
-        tables = (torch.stack([row for row, _ in built]),
-                  torch.tensor([n for _, n in built], dtype=torch.long, device=device))
+        # an empty block (start = end) has nothing eligible: a row of _OUTSIDE, one level
+        empty = torch.full((length,), _OUTSIDE, dtype=torch.long, device=device)
+        tables = (torch.stack([row for row, _ in built] + [empty]),
+                  torch.tensor([n for _, n in built] + [1], dtype=torch.long, device=device))
         _LEVEL_ROWS[key] = tables  # type: ignore[assignment]
     levels, counts = tables
-    # a row with an empty block (start = end) has nothing eligible: any entry serves
-    start = as_rows(state.block_start, b, device).clamp(0, end - 1)
-    return levels.index_select(0, start), counts.index_select(0, start)[:, None]
+    start = as_rows(state.block_start, b, device)  # in [0, block_end]: every start is a row
+    return levels.index_select(0, start), counts, start
 
 
 def dus_policy(base: int = 2, skip_exp: int = 1, threshold: float = 0.0,

@@ -87,6 +87,7 @@ class MinimalTopK:
     min_commit: int | None = None
     block_length: int | None = None
     gen_length: int | None = None
+    decode_block_padding: bool = False
     #: per-row ``block_step``: the schedule looked up per row (``row_steps``)
     capabilities = Capabilities(budgeted=False, proposal_fields=(), reads_masked_only=True,
                                 row_steps=True)
@@ -105,13 +106,24 @@ class MinimalTopK:
         block = self.block_length or getattr(cfg, "block_length", None) or getattr(
             model, "block_size", None) or getattr(cfg, "gen_length", None)
         steps = self.block_steps or getattr(cfg, "steps", None) or LLADA2_STEPS
+        padding = self.decode_block_padding or bool(getattr(cfg, "decode_block_padding", False))
         return replace(self, block_length=block, block_steps=steps,
-                       gen_length=self.gen_length or getattr(cfg, "gen_length", None))
+                       gen_length=self.gen_length or getattr(cfg, "gen_length", None),
+                       decode_block_padding=padding)
 
     def schedule(self) -> list[int]:
-        """The per-block minimum commit counts (``llada2_schedule`` of the bound sizes)."""
+        """The per-block minimum commit counts (``llada2_schedule`` of the bound sizes).
+
+        An answer shorter than the block (``gen_length < block_length``) without
+        ``decode_block_padding``: the split is of the positions decoded, ``gen_length``, not of
+        the block. The reference decodes the padding positions too, so its schedule splits the
+        whole block (2 commits a step for 16 tokens in LLaDA2's block of 32: two dependent
+        positions committed together); with ``decode_block_padding`` (the reference's quirk)
+        the block's split is kept."""
         block = self.block_length or 1
         gen = self.gen_length or block
+        if not self.decode_block_padding:
+            block = min(block, gen)
         steps = self.block_steps or LLADA2_STEPS
         return llada2_schedule(block, min(steps, gen // self.minimal_topk))
 

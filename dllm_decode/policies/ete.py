@@ -28,9 +28,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import top1_mask, topk_mask
+from dllm_decode.policies.base import lowest, topk_mask
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.rows import per_row
+from dllm_decode.policies.rows import column, per_row, positions
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import StepState
 
@@ -130,11 +130,43 @@ class ExploreThenExploit:
         eligible, prop = state.eligible, state.proposal
         prob = prop.prob
         exploit = eligible & (prob >= self.tau)
-        nats = -torch.log(prob.double().clamp_min(1e-300))
-        info = torch.where(exploit, nats, torch.zeros_like(nats)).sum(1)
-        early = eligible & self.earliest_block(state)
-        k = torch.where(info < self.budget_nats, self.explore, 0)
-        commit = exploit | topk_mask(-prop.neg_entropy, early & ~exploit, k)
-        stalled = ~(commit & early).any(1, keepdim=True)
-        return commit | (stalled & top1_mask(prob, early))
+        # I = sum of -log p over the exploit set, taken as -(sum of log p): negating every
+        # term negates the sum exactly, so ``I < budget`` is ``sum log p > -budget``
+        logp = torch.log(prob.double().clamp_min(1e-300))
+        under = torch.where(exploit, logp, 0.0).sum(1) > -self.budget_nats  # [B]
+        early = self._early(state)
+        candidates = early > exploit  # early & ~exploit
+        if self.explore == 1:  # the highest entropy (lowest neg_entropy) candidate
+            commit = exploit | _first_best(prop.neg_entropy, candidates & under[:, None],
+                                           largest=False)
+        else:
+            k = torch.where(under, self.explore, 0)
+            commit = exploit | topk_mask(-prop.neg_entropy, candidates, k)
+        # a row whose earliest block gets no commit takes that block's most confident one
+        moved = (commit & early).any(1, keepdim=True)
+        return torch.where(moved, commit, commit | _first_best(prob, early, largest=True))
 
+    def _early(self, state: StepState) -> Tensor:
+        """``state.eligible & earliest_block(state)``, in few ops where the canvas ends with
+        the block (``block_end = L``: always with per-row steps, and the library's last
+        block): nothing is eligible past the block there, so a row with an eligible position
+        has it in its current block and a row without has nothing to commit either way; that
+        leaves the eligible positions from the block start on."""
+        eligible = state.eligible
+        if state.block_end != eligible.shape[1]:
+            return eligible & self.earliest_block(state)
+        bs = state.block_start
+        if isinstance(bs, int) and bs <= 0:
+            return eligible
+        return eligible & (positions(eligible.shape[1], eligible.device) >= column(bs))
+
+
+def _first_best(score: Tensor, allowed: Tensor, *, largest: bool) -> Tensor:
+    """``[B, L]`` bool: per row the first position of ``allowed`` with the largest (or
+    smallest) ``score``; none in a row without one. ``base.top1_mask`` (for ``largest=False``
+    of ``-score``, exactly: negation reverses the order and keeps ties) with one op fewer."""
+    if largest:
+        best = torch.where(allowed, score, lowest(score.dtype)).argmax(-1, keepdim=True)
+    else:
+        best = torch.where(allowed, score, -lowest(score.dtype)).argmin(-1, keepdim=True)
+    return allowed & (positions(score.shape[1], score.device) == best)

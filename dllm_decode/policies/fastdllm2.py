@@ -136,19 +136,28 @@ class SubBlockThreshold:
         eligible, prop = state.eligible, state.proposal
         b, length = eligible.shape
         device = eligible.device
-        bs = as_rows(state.block_start, b, device)
-        step = as_rows(state.block_step, b, device)
+        bs = as_rows(state.block_start, b, device)[:, None]  # [B, 1]
+        step = as_rows(state.block_step, b, device)[:, None]
         block = self.block_size or (state.block_end - bs)
-        start = (bs // block) * block  # [B] each aligned block's first position
+        lead = bs % block  # >= 0: the block start's offset in its aligned block
+        start = bs - lead  # [B, 1] each aligned block's first position
+        ar = (step | lead) == 0  # [B, 1] rows committing their AR token (block step 0, aligned)
         pos = positions(length, device)
-        ar = ((step == 0) & (bs == start))[:, None]  # [B, 1] rows committing their AR token
-        first = torch.where(eligible, pos, length).min(1, keepdim=True).values
         sub = self.small_block_size
-        start = start[:, None]
-        current = eligible & ((pos - start) // sub == (first - start) // sub)
+        tiled = isinstance(block, int) and block % sub == 0
+        if tiled:  # sub-blocks tile the canvas from 0: a position's sub-block is pos // sub
+            first = torch.where(eligible, pos, length).min(1, keepdim=True).values
+            first_sub = first // sub
+            current = eligible & (_sub_index(length, sub, device) == first_sub)
+        else:  # offsets from the aligned block's start (the first eligible one's: ``first``)
+            rel = pos - start
+            first = torch.where(eligible, rel, length).min(1, keepdim=True).values
+            first_sub = first // sub
+            current = eligible & (rel // sub == first_sub)
         tokens, prob = None, prop.prob
         if self.temperature > 0 and state.logits is not None and state.model is not None:
-            tokens, prob = self._sample(state, start + (first - start) // sub * sub)
+            at = first_sub * sub if tiled else start + first_sub * sub  # the sub-block's start
+            tokens, prob = self._sample(state, at)
         best = torch.where(current, prob, lowest(prob.dtype)).argmax(-1, keepdim=True)
         commit = current & (prob > self.threshold).scatter(-1, best, True)
         commit = torch.where(ar, eligible & (pos == start), commit)
@@ -183,6 +192,24 @@ class SubBlockThreshold:
         tokens = state.proposal.tokens.scatter(1, at, drawn)
         prob = state.proposal.prob.scatter(1, at, p_drawn.to(state.proposal.prob.dtype))
         return tokens, prob
+
+
+_SUB_INDEX: dict[tuple[int, int, torch.device], Tensor] = {}
+
+
+def _sub_index(length: int, sub: int, device: torch.device) -> Tensor:
+    """``[1, L]`` int64 ``pos // sub``: a read-only constant per length, sub-block size and
+    device (``rows.positions``'s rules: cached in eager mode, built under ``torch.compile``)."""
+    key = (length, sub, device)
+    out = _SUB_INDEX.get(key)
+    if out is None or torch.compiler.is_compiling():
+        out = positions(length, device) // sub
+        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+        if not (torch.compiler.is_compiling() or capturing):
+            if len(_SUB_INDEX) > 64:
+                _SUB_INDEX.clear()
+            _SUB_INDEX[key] = out
+    return out
 
 
 def fastdllm_v2_policy(threshold: float = 0.9, small_block_size: int = 8,

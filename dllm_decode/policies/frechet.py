@@ -23,6 +23,12 @@ Deviations from the released code (all flagged in ``Frechet``):
   removed (the code: float64 softmax with the mask token kept), as for ``threshold`` /
   ``factor``; ties go to the lower index (the code's ``torch.sort`` order is unspecified);
   rows are independent and there is no host sync.
+
+Loops: the code's ``generate`` / ``generate_with_prefix_cache`` / ``generate_with_dual_cache``
+are the library's ``cache="none"`` / ``"prefix"`` / ``"dual"`` (``reference_loop`` is
+``"fast_dllm_pp"``). Its prefix loop draws one Gumbel tensor per forward, unlike Fast-dLLM's,
+which draws a second one per cached step and discards it: ``rng="reference"`` keeps that quirk
+for the Fast-dLLM presets only (``samplers.proposals.PREFIX_DOUBLE_DRAW``).
 """
 
 from __future__ import annotations
@@ -79,6 +85,8 @@ class Frechet:
 
     delta: float = 0.25
     score: ScoreKind = ScoreKind.PROB
+    #: Fast-dLLM++'s loops (``samplers.proposals.REFERENCE_LOOPS``): one draw per forward
+    reference_loop = "fast_dllm_pp"
 
     @property
     def capabilities(self) -> Capabilities:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from dllm_decode.policies.base import rank_desc, step_score, to_canvas, topk_mask
+from dllm_decode.policies.base import lowest, step_score, topk_mask
 from dllm_decode.policies.capabilities import Capabilities, score_fields
 from dllm_decode.policies.rows import last_step, per_row
 from dllm_decode.policies.validate import check_fields, check_range
@@ -118,15 +118,23 @@ class KLASS:
                              "forwards such as cache='window' are not supported")
         if mem.log_prev is None:
             mem.log_prev = torch.zeros(b, length, v, device=logits.device)
-        p = torch.softmax(logits.float(), dim=-1)
+        p = torch.softmax(logits if logits.dtype == torch.float32 else logits.float(), dim=-1)
         log_p = torch.log(p + KL_EPS)
         kl_rows = (p * (log_p - mem.log_prev.index_select(1, rows))).sum(-1)  # [B, R]
-        kl_rows = torch.where(mem.fresh_prev[:, rows], kl_rows, torch.full_like(kl_rows, torch.inf))
-        kl = to_canvas(kl_rows, rows, length)
-        mem.log_prev[:, rows] = log_p
-        # the history advances only at scored positions
-        rolled = torch.cat([mem.kl[..., 1:], kl[..., None]], dim=-1)
-        mem.kl.copy_(torch.where(state.fresh[..., None], rolled, mem.kl))
+        kl_rows = torch.where(mem.fresh_prev.index_select(1, rows), kl_rows, torch.inf)
+        # ``base.to_canvas`` for shared rows, one op fewer
+        kl = kl_rows.new_zeros((b, length)).index_copy_(1, rows, kl_rows)
+        mem.log_prev.index_copy_(1, rows, log_p)
+        # the history advances only at scored positions (written in place: out= reads each
+        # element before writing it)
+        h = mem.kl.shape[-1]
+        if h == 1:
+            rolled = kl[..., None]
+        elif h == 2:
+            rolled = torch.stack([mem.kl[..., 1], kl], dim=-1)
+        else:
+            rolled = torch.cat([mem.kl[..., 1:], kl[..., None]], dim=-1)
+        torch.where(state.fresh[..., None], rolled, mem.kl, out=mem.kl)
         mem.fresh_prev.copy_(state.fresh)
         return kl
 
@@ -212,37 +220,61 @@ class CCD:
         return CCDMemory(buffer=torch.zeros(batch, length, dtype=torch.bool, device=device),
                          prev_argmax=torch.full((batch, length), -1, device=device))
 
-    def width(self, step: int | Tensor, k: Tensor) -> Tensor:
+    def width(self, step: int | Tensor, k: Tensor, length: int | None = None) -> Tensor:
         """``[B]`` candidate width V at global ``step`` (shared, or ``[B]`` per row) for
-        budgets ``k [B]``."""
-        v_max = k + torch.floor(k * self.expand_ratio + 1e-9).long()
+        budgets ``k [B]`` (``length``: the canvas's, which bounds ``k``)."""
+        v_max = self._v_max(k, length)
         if per_row(step):
-            return torch.minimum(v_max, (step - self.warm_up + 3).clamp(min=1))
+            return torch.minimum(v_max, (step + (3 - self.warm_up)).clamp(min=1))
         grown = 1 if step < self.warm_up - 1 else step - self.warm_up + 3
         return v_max.clamp(max=grown)
+
+    def _v_max(self, k: Tensor, length: int | None) -> Tensor:
+        """``V_max = k + floor(k * expand_ratio)`` (int64, ``k``'s shape)."""
+        ratio = self.expand_ratio
+        if float(ratio).is_integer() and length is not None and length * (ratio + 1) < 2**24:
+            # k + floor(k * ratio + 1e-9) in float32 is exactly k * (ratio + 1) there (k <= L)
+            return k * int(ratio + 1)
+        return k + torch.floor(k * ratio + 1e-9).long()
 
     def select(self, state: StepState) -> Tensor:
         """Commit mask ``[B, L]``; updates the buffer and the argmax record. No host sync."""
         mem: CCDMemory = state.memory
         k, eligible = state.budget, state.eligible
         score, greedy = step_score(state, self.score), state.proposal.greedy
-        ranks = rank_desc(score, eligible)
-        top = eligible & (ranks < k[:, None])
+        ranks = _ranks(score, eligible)  # read only at eligible positions
+        kc = k[:, None]  # [B, 1], as every per-row value below
+        top = eligible & (ranks < kc)
         step = state.step
-        v = self.width(step, k)
+        rows = per_row(step)
+        if rows:  # ``width`` on [B, 1] columns
+            step = step[:, None]
+            v = self._v_max(kc, eligible.shape[1])
+            v = torch.minimum(v, (step + (3 - self.warm_up)).clamp(min=1))
+        else:
+            v = self.width(step, k, eligible.shape[1])[:, None]
         commit = top
-        if per_row(step) or step >= self.warm_up:
+        if rows or step >= self.warm_up:
             buffer = mem.buffer & eligible
-            kept = buffer & (ranks < v[:, None]) & (greedy == mem.prev_argmax)
-            n_kept = kept.sum(1)
+            kept = buffer & (ranks < v) & (greedy == mem.prev_argmax)
+            n_kept = kept.sum(1, keepdim=True)
             if not self.seek_mode:
                 kept = topk_mask(score, kept, k)
-            early = (top & buffer).any(1) & (n_kept >= k) & (k > 0)
-            if per_row(step):  # the rule applies from each row's own warm-up step on
+            # (k = 0: the top-k is empty, so it meets no buffer)
+            early = (top & buffer).any(1, keepdim=True) & (n_kept >= kc)
+            if rows:  # the rule applies from each row's own warm-up step on
                 early = early & (step >= self.warm_up)
-            commit = torch.where(early[:, None], kept, top)
-        rest = eligible & ~commit
-        mem.buffer.copy_(rest & (rank_desc(score, rest) < v[:, None]))
-        mem.prev_argmax.copy_(torch.where(state.fresh, greedy, mem.prev_argmax))
+            commit = torch.where(early, kept, top)
+        rest = eligible > commit  # eligible & ~commit (commit is a subset of eligible)
+        torch.logical_and(rest, _ranks(score, rest) < v, out=mem.buffer)
+        torch.where(state.fresh, greedy, mem.prev_argmax, out=mem.prev_argmax)
         return commit
+
+
+def _ranks(score: Tensor, eligible: Tensor) -> Tensor:
+    """``base.rank_desc`` at the ``eligible`` positions (descending score, ties to the lower
+    index); any rank elsewhere (one op fewer: callers read it under ``& eligible``)."""
+    key = torch.where(eligible, score, lowest(score.dtype))
+    order = torch.sort(key, dim=-1, descending=True, stable=True).indices
+    return torch.argsort(order, dim=-1)
 

@@ -66,10 +66,12 @@ def per_row(x: Any) -> bool:
 
 def as_rows(x: int | float | Tensor, b: int, device: torch.device,
             dtype: torch.dtype = torch.long) -> Tensor:
-    """A step value as ``[B]`` of ``dtype`` on ``device`` (a shared value repeated)."""
+    """A step value as ``[B]`` of ``dtype`` on ``device`` (a shared value repeated; a tensor
+    already of ``dtype`` on ``device`` is not copied: no op for a per-row value)."""
     if isinstance(x, Tensor):
-        return x.to(device=device, dtype=dtype).expand(b) if x.dim() == 0 else \
-            x.to(device=device, dtype=dtype)
+        if x.dtype != dtype or x.device != device:
+            x = x.to(device=device, dtype=dtype)
+        return x.expand(b) if x.dim() == 0 else x
     return torch.full((b,), x, dtype=dtype, device=device)
 
 
@@ -79,9 +81,24 @@ def column(x: int | float | Tensor) -> int | float | Tensor:
     return x[:, None] if per_row(x) else x
 
 
+_POSITIONS: dict[tuple[int, torch.device], Tensor] = {}
+
+
 def positions(length: int, device: torch.device) -> Tensor:
-    """``[1, L]`` int64 canvas positions ``0 .. L - 1``."""
-    return torch.arange(length, device=device)[None]
+    """``[1, L]`` int64 canvas positions ``0 .. L - 1``: a read-only constant, made once per
+    length and device in eager mode (no op per call), built in place under ``torch.compile``
+    or while a CUDA graph is captured. Never write into it."""
+    key = (length, device)
+    out = _POSITIONS.get(key)
+    if out is not None and not torch.compiler.is_compiling():
+        return out
+    out = torch.arange(length, device=device)[None]
+    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not (torch.compiler.is_compiling() or capturing):
+        if len(_POSITIONS) > 64:
+            _POSITIONS.clear()
+        _POSITIONS[key] = out
+    return out
 
 
 def span_mask(state: StepState, length: int | None = None) -> Tensor:

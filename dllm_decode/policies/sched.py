@@ -42,8 +42,8 @@ from torch import Tensor
 from dllm_decode.policies.capabilities import Capabilities
 from dllm_decode.policies.policy import Policy
 from dllm_decode.policies.resolve import make_policy
-from dllm_decode.policies.rows import as_rows, column, per_row
-from dllm_decode.policies.sched_step import RegionMemo, decide, order_stat
+from dllm_decode.policies.rows import as_rows, column, per_row, positions, table
+from dllm_decode.policies.sched_step import RegionMemo, decide, order_stat, window_rows
 from dllm_decode.policies.supervised import PairedMemory, Supervised  # noqa: F401 (re-export)
 from dllm_decode.policies.validate import check_fields
 from dllm_decode.types import StepState
@@ -58,19 +58,21 @@ _STALE = ("skip", "use")
 class SchEDMemory:
     """Mutable per-generation state of a ``SchED`` stopper (updated in place).
 
-    prev_argmax ``[B, L]`` int64: argmax at the row's last checked step, -1 before its first
-    (kept when ``max_change_ratio < 1``). patience ``[B]`` int64 (kept when
-    ``patience_steps > 0``). stopped ``[B]`` bool: the sticky stop (replaced by a new tensor
-    each eager step, written in place under ``torch.compile``). last_margin ``[B, L]`` float32 /
-    last_argmax ``[B, L]`` int64: newest fresh values per position (``stale="use"``; -inf =
-    never scored). regions: the ``sched_step.RegionMemo`` of the generation (eager only).
+    stopped ``[B]`` bool: the sticky stop (replaced by a new tensor each eager step, written
+    in place under ``torch.compile``). The other tensors exist only where the stopper's
+    settings read them (else ``None``: a serving engine's pool gathers and scatters every
+    tensor each step): prev_argmax ``[B, L]`` int64, argmax at the row's last checked step,
+    -1 before its first (``max_change_ratio < 1``); patience ``[B]`` int64
+    (``patience_steps > 0``); last_margin ``[B, L]`` float32 / last_argmax ``[B, L]`` int64,
+    newest fresh values per position (``stale="use"``; -inf = never scored). regions: the
+    ``sched_step.RegionMemo`` of the generation (eager only).
     """
 
-    prev_argmax: Tensor
-    patience: Tensor
     stopped: Tensor
-    last_margin: Tensor
-    last_argmax: Tensor
+    prev_argmax: Tensor | None = None
+    patience: Tensor | None = None
+    last_margin: Tensor | None = None
+    last_argmax: Tensor | None = None
     regions: RegionMemo | None = None
 
 
@@ -177,15 +179,17 @@ class SchED:
         return self.max_change_ratio < 1.0 or self.patience_steps > 0
 
     def init_memory(self, batch: int, length: int, device: torch.device) -> SchEDMemory:
-        """Fresh ``SchEDMemory`` for a ``[batch, length]`` canvas."""
-        def z(dtype: torch.dtype, *shape: int) -> Tensor:
-            return torch.zeros(shape, dtype=dtype, device=device)
-
-        return SchEDMemory(
-            prev_argmax=torch.full((batch, length), -1, device=device),
-            patience=z(torch.long, batch), stopped=z(torch.bool, batch),
-            last_margin=torch.full((batch, length), -torch.inf, device=device),
-            last_argmax=z(torch.long, batch, length))
+        """Fresh ``SchEDMemory`` for a ``[batch, length]`` canvas (only the tensors this
+        stopper's settings read)."""
+        mem = SchEDMemory(stopped=torch.zeros(batch, dtype=torch.bool, device=device))
+        if self.max_change_ratio < 1.0:
+            mem.prev_argmax = torch.full((batch, length), -1, device=device)
+        if self.patience_steps > 0:
+            mem.patience = torch.zeros(batch, dtype=torch.long, device=device)
+        if self.stale == "use":
+            mem.last_margin = torch.full((batch, length), -torch.inf, device=device)
+            mem.last_argmax = torch.zeros(batch, length, dtype=torch.long, device=device)
+        return mem
 
     # ---- schedule ----------------------------------------------------------------------
     def threshold(self, u: float | Tensor) -> float | Tensor:
@@ -210,19 +214,30 @@ class SchED:
 
     def _threshold_tensor(self, u: Tensor) -> Tensor:
         """``threshold`` on a 0-d float64 tensor (no host value: a compiled step captures it
-        without specialising on the clock)."""
+        without specialising on the clock), or a ``[B]`` one (per-row clocks; ``piecewise``
+        then gives float32, the host thresholds' rounding). The same values as the host
+        formulas, in fewer ops."""
         hi, lo = self.tau_high, self.tau_low
-        u = u.clamp(0.0, 1.0)
-        if self.tau_mode == "piecewise":
+        if self.tau_mode == "piecewise":  # (clipping u changes no comparison: not done)
             mid = (hi + lo) / 2 if self.tau_mid is None else self.tau_mid
+            if per_row(u):  # the third of the clock each row is in, looked up: two ops
+                third = torch.bucketize(u, table((1 / 3, 2 / 3), u.dtype, u.device),
+                                        right=True)  # 0: u < 1/3, 1: u < 2/3, else 2
+                return table((hi, mid, lo), torch.float32, u.device)[third]
             return torch.where(u < 1 / 3, hi, torch.where(u < 2 / 3, mid, lo))
+        u = u.clamp(0.0, 1.0)
+        finite = math.isfinite(hi) and math.isfinite(lo)
+        if self.tau_mode == "cosine" and finite and (hi - lo) * 0.5 * 2 == hi - lo:
+            # lo + (hi - lo) * (0.5 * s) with s = 1 + cos(pi u), as lo + ((hi - lo) / 2) * s:
+            # both halvings are exact, so the product is the same real number, rounded once
+            return lo + (hi - lo) * 0.5 * (1.0 + torch.cos(math.pi * u))
         if self.tau_mode == "linear":
             w = 1.0 - u
         elif self.tau_mode == "cosine":
             w = 0.5 * (1.0 + torch.cos(math.pi * u))
         else:
             w = torch.exp(-self.tau_k * u)
-        if math.isfinite(hi) and math.isfinite(lo):
+        if finite:
             return lo + (hi - lo) * w
         return torch.where(w > 0, w * hi, 0.0) + torch.where(w < 1, (1.0 - w) * lo, 0.0)
 
@@ -249,16 +264,32 @@ class SchED:
             known = (step > 0) & (progress > 0)  # elsewhere the quotient is not used
             total = torch.where(known, torch.round(step / progress).long() + 1, 0)
         total = as_rows(total, b, device)
-        return torch.where(total != 0, (step + 1).double() / total.double(), 0.0)
+        # int64 / float64 divides in float64 (the int converted exactly), as Python's int / int
+        return torch.where(total != 0, (step + 1) / total.double(), 0.0)
 
     # ---- statistic ---------------------------------------------------------------------
     def region_mask(self, state: StepState) -> Tensor:
         """``[B, L]`` bool: the answer region R of each row (truncated rows clipped)."""
+        region = self.region_of(state)
+        return state.masked.new_ones(()).expand_as(state.masked) if region is None else region
+
+    def region_of(self, state: StepState) -> Tensor | None:
+        """``region_mask``, or ``None`` when R is every position (region ``all`` without
+        truncation ``lengths``). Without ``lengths`` a row's region ends with the canvas, so
+        per row only its start (and an explicit end) is compared: few ops."""
         masked = state.masked
         b, length = masked.shape
         p = state.gen_start
         lengths = state.extras.get("lengths")
         if lengths is None:
+            if self.region == "all":
+                return None
+            if per_row(p):
+                pos = positions(length, masked.device)
+                start = self.region_start if self.region == "explicit" else 0
+                if self.region == "tail" or self.region_end is None:
+                    return pos >= (p + start if start else p)[:, None]
+                return window_rows(p, start, self.region_end, length, masked.device)
             lengths = length - p if per_row(p) else torch.full((b,), length - p,
                                                                device=masked.device)
         end = (p + lengths)[:, None]
@@ -288,10 +319,8 @@ class SchED:
 
     @staticmethod
     def _gen(state: StepState) -> Tensor:
-        pos = torch.arange(state.masked.shape[1], device=state.masked.device)
-        if per_row(state.gen_start):
-            return pos[None] >= state.gen_start[:, None]
-        return (pos >= state.gen_start)[None]
+        """``[B, L]`` (``[1, L]`` for a shared start) bool: inside the generation."""
+        return positions(state.masked.shape[1], state.masked.device) >= column(state.gen_start)
 
     # ---- the stopper -------------------------------------------------------------------
     def should_stop(self, state: StepState) -> Tensor:
@@ -305,8 +334,6 @@ class SchED:
 
 
 _SCHED_FIELDS = frozenset(f.name for f in fields(SchED))
-
-
 def supervise(base: str | Any, stopper: Any, base_params: dict[str, Any], name: str) -> Policy:
     """Compose a base preset (or selector object) with ``stopper`` into a ``Policy``."""
     if not isinstance(base, str) and base_params:

@@ -32,7 +32,12 @@ Deviations from the paper / released code (``phymhan/S2D2`` ``SDAR/generate_ssd_
   source, LLaDA2.1 token editing, and the sub-block / right-shifted Fast-dLLM v2 variant;
 * acceptance uniforms and the residual resample (an exponential race) come from the step
   generator, so seeded runs are reproducible but do not replay the reference's draws;
-* the mask token is never drafted (its logit is -inf in the draft and verifier distributions).
+* the mask token is never drafted (its logit is -inf in the draft and verifier distributions);
+* refused (at bind) on a model that declares ``supports_causal_in_block = False`` unless
+  ``router="never"``, ``draft_causal=False`` and ``causal_prefix=False``: the reference assumes
+  AR-initialised models (SDAR, LLaDA2.1, Fast-dLLM v2); a block-diffusion model trained only
+  in its own blocks (``testbed-llada2``) decodes under 1 % of held-out prompts with the
+  defaults or with ``draft_causal=False`` alone (its block-size-1 verifier is untrained).
 """
 
 from __future__ import annotations
@@ -207,11 +212,16 @@ class SelfSpeculative:
     @property
     def capabilities(self) -> Capabilities:
         """Block-causal models only; logits, extra verifier forwards, random acceptance;
-        accepted drafts may exceed the step's budget (the base rule's floor)."""
+        accepted drafts may exceed the step's budget (the base rule's floor). The verifier
+        (any router but ``never``), ``draft_causal`` and ``causal_prefix`` run the model
+        causally inside a block: refused at bind on a model declaring it was not trained
+        for that (``capabilities.check_model_needs``)."""
         return Capabilities(needs_logits=True, preferred_cache="block_causal",
                             at_least_budget=True,
                             preferred_schedule="llada", causal_prefix=self.causal_prefix,
-                            draft_causal=self.draft_causal, requires_attention="block_causal",
+                            draft_causal=self.draft_causal,
+                            causal_forwards=not isinstance(self.router, Never),
+                            requires_attention="block_causal",
                             extra_forwards=True, stochastic=True,
                             proposal_fields=capabilities_of(self.base).proposal_fields)
 

@@ -25,7 +25,7 @@ from dllm_decode.samplers.contract import StepGuard
 from dllm_decode.samplers.editing import EditTracker
 from dllm_decode.samplers.fused import span_selector
 from dllm_decode.samplers.graph import graph_run
-from dllm_decode.samplers.proposals import ProposalMaker
+from dllm_decode.samplers.proposals import ProposalMaker, reference_loop_of
 from dllm_decode.samplers.step import SpanMasks, StepModelView, StepParts
 from dllm_decode.types import Impl
 
@@ -129,6 +129,8 @@ class MaskSetup:
         maker = self.maker = ProposalMaker(self.model, cfg, self.family, self.gen)
         maker.after_select = sel_caps.proposes_after_select
         maker.greedy = sel_caps.samples_tokens
+        # the reference loop whose draw quirks rng='reference' reproduces (Fast-dLLM's)
+        maker.reference_loop = reference_loop_of(selector)
         # only the proposal fields the parts read (every field for parts that do not declare
         # them, and for an ``on_step`` callback, which may read anything)
         maker.fields = caps.proposal_fields if on_step is None else None

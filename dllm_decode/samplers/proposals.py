@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-from typing import Any
+from typing import Any, Final
 
 import torch
 import torch.nn.functional as F
@@ -20,13 +20,44 @@ from dllm_decode.types import Impl, Proposal
 #: gather / scatter ops cost more than the full-vocabulary passes they save
 MASKED_ROWS_MIN_SAVED = 16384
 
+#: the reference decoders' loops a policy part may name (its class's ``reference_loop``), with
+#: the code each one is; ``rng="reference"`` reproduces the named loop's random draws
+REFERENCE_LOOPS: Final[dict[str, str]] = {
+    "fast_dllm": "NVlabs/Fast-dLLM llada/generate.py (generate, generate_with_prefix_cache, "
+                 "generate_with_dual_cache)",
+    "fast_dllm_pp": "Ringo-Star/FastdLLM_plusplus v1/llada/generate.py (the same three loops)",
+}
+#: the loops whose prefix-cache step draws one extra Gumbel tensor and discards it (Fast-dLLM's
+#: ``generate_with_prefix_cache`` calls ``add_gumbel_noise`` twice per cached step; Fast-dLLM++'s
+#: copy of the loop calls it once)
+PREFIX_DOUBLE_DRAW: Final[frozenset[str]] = frozenset({"fast_dllm"})
+
+
+def reference_loop_of(part: Any) -> str | None:
+    """The reference loop a selector reproduces (``REFERENCE_LOOPS``), or ``None`` (a loop with
+    one draw per forward and no quirk of its own).
+
+    A part names it with a ``reference_loop`` attribute (or property) declared by its own
+    class; a wrapper (``Supervised``, ``Credit``, ``FullSpan``, ...) does not pass its base's
+    on, even one that forwards attribute reads (``__getattr__``): the wrapped method's loop is
+    not the base rule's. Raises ``ValueError`` for a name that is not in ``REFERENCE_LOOPS``.
+    """
+    if not hasattr(type(part), "reference_loop"):
+        return None
+    loop = part.reference_loop
+    if loop is not None and loop not in REFERENCE_LOOPS:
+        raise ValueError(f"{type(part).__name__}.reference_loop is {loop!r}; known reference "
+                         f"loops: {sorted(REFERENCE_LOOPS)} (or None)")
+    return loop
+
 
 class ProposalMaker:
     """Turns a step's logits into a ``Proposal`` for the scored rows.
 
     ``rng="reference"`` reproduces the reference decoders' random draws: LLaDA / Fast-dLLM draw
     a float64 uniform over the *whole forward* ``[B, fed_width, V]`` (Fast-dLLM's prefix loop
-    twice per cached step); Dream draws Exp(1) noise ``[n_masked, V]`` over the masked positions
+    twice per cached step: only for a selector that names that loop, ``reference_loop``);
+    Dream draws Exp(1) noise ``[n_masked, V]`` over the masked positions
     of all rows in row-major order (``torch.multinomial``'s algorithm). With Gumbel sampling
     it also computes ``prob`` as LLaDA's ``generate`` computes its confidence
     (``reference_prob``: a softmax, then a gather, bit for bit the reference's value); the
@@ -51,6 +82,10 @@ class ProposalMaker:
         #: the selector samples its own tokens (``Capabilities.samples_tokens``): proposals stay
         #: greedy and draw nothing
         self.greedy = False
+        #: the reference loop the selector reproduces (``reference_loop_of``; the sampler sets
+        #: it): its draw quirks apply under ``rng="reference"`` (``PREFIX_DOUBLE_DRAW``), and no
+        #: other policy's
+        self.reference_loop: str | None = None
         #: with ``greedy``: the mask token's raw logits ``[B, R]`` of the last proposal (before
         #: ``propose`` removes the column), for ``StepState.mask_logit``
         self.mask_logit: Tensor | None = None
@@ -221,7 +256,8 @@ class ProposalMaker:
                              "rng='compact'")
         if self.sampling == "gumbel":
             shape = (b, fed.fed_width, v)
-            if fed.double_draw:  # Fast-dLLM's prefix loop: a Gumbel tensor drawn and discarded
+            if fed.double_draw and self.reference_loop in PREFIX_DOUBLE_DRAW:
+                # Fast-dLLM's prefix loop: a Gumbel tensor drawn and discarded
                 torch.rand(shape, dtype=torch.float64, generator=gen, device=logits.device)
             u = torch.rand(shape, dtype=torch.float64, generator=gen, device=logits.device)
             return u[:, rows - fed.fed_start]

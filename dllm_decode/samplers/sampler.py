@@ -9,7 +9,11 @@ import torch
 from torch import Tensor
 
 from dllm_decode.config import SamplerConfig
-from dllm_decode.policies.capabilities import Capabilities, policy_capabilities
+from dllm_decode.policies.capabilities import (
+    Capabilities,
+    check_model_needs,
+    policy_capabilities,
+)
 from dllm_decode.policies.defaults import apply_family_default
 from dllm_decode.policies.policy import Policy
 from dllm_decode.samplers.batching import decode_groups, split_rows
@@ -73,7 +77,10 @@ class DiffusionSampler:
       attribute of the selector, stopper and truncator): read and checked once, here in
       ``__init__`` (``self.capabilities``); unknown names and capabilities set as plain
       attributes are errors. ``preferred_cache`` / ``preferred_schedule`` apply when the
-      config gives none, ``requires_attention`` is checked against the model.
+      config gives none, ``requires_attention`` is checked against the model; at bind
+      (``generate``) so is causal attention inside a block (``causal_forwards``,
+      ``draft_causal``, ``causal_prefix``) against ``model.supports_causal_in_block``
+      (``policies.capabilities.check_model_needs``).
 
     Args:
         model: any ``DiffusionLM``.
@@ -189,6 +196,8 @@ class DiffusionSampler:
         bound = tuple(_bind(c, model, cfg) for c in parts)
         if any(b_ is not c for b_, c in zip(bound, parts, strict=True)):
             caps = policy_capabilities(*bound)
+        # what the bound parts need of the model (causal attention inside a block)
+        check_model_needs(model, caps, cfg.causal_prefix, policy.name)
         prompt, valid_prompt = check_inputs(model, prompt_ids, attention_mask, cfg)
         groups = split_rows(model, valid_prompt, cfg.seed)
         if groups is not None:  # batch invariance: sub-batches decoded alone, then merged

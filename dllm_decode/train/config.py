@@ -154,11 +154,21 @@ def release_config(spec: ModelSpec) -> dict[str, Any]:
     return writer(spec)
 
 
+def trained_config(cfg: TrainConfig, spec: ModelSpec) -> dict[str, Any]:
+    """``release_config`` plus what the training states: an SDAR student trained with
+    block-size-1 (AR) steps runs with causal attention inside a block (S2D2's verifier,
+    ``draft_causal``), one trained without them does not (``supports_causal_in_block``)."""
+    config = release_config(spec)
+    if cfg.family == "sdar":
+        config["supports_causal_in_block"] = cfg.ar_fraction > 0
+    return config
+
+
 def build_tiny_model(cfg: TrainConfig, vocab_size: int, mask_id: int, eos_id: int,
                      pad_id: int) -> DecoderLM:
     """A freshly initialised model of ``cfg`` (weights from ``cfg.seed``), in train mode."""
     spec = model_spec(cfg, vocab_size, mask_id, eos_id, pad_id)
-    model = build_model(release_config(spec), seed=cfg.seed).train()
+    model = build_model(trained_config(cfg, spec), seed=cfg.seed).train()
     if cfg.tie_embeddings:  # one parameter in two places; ``untie`` before saving
         model.head.weight = model.embed.weight
     return model

@@ -55,6 +55,8 @@ def llada2_student_config(hidden: int, layers: int, heads: int, intermediate: in
         "norm_head": False, "tie_word_embeddings": False, "hidden_act": "silu",
         "block_size": LLADA2_BLOCK, "mask_token_id": oracle.mask_token_id,
         "eos_token_id": oracle.eos_token_ids[0], "pad_token_id": oracle.pad_token_id,
+        # distilled only in its own blocks: never trained with causal attention inside one
+        "supports_causal_in_block": False,
     }
 
 

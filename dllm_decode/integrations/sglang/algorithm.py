@@ -36,7 +36,8 @@ from dllm_decode.integrations.sglang.compat import (
 from dllm_decode.integrations.sglang.requests import request_error
 
 if TYPE_CHECKING:
-    from dllm_decode.integrations.sglang.block import BlockDecoder, RequestBlock
+    from dllm_decode.integrations.sglang.block import BlockDecoder
+    from dllm_decode.integrations.sglang.round_rows import RequestBlock
     from dllm_decode.integrations.sglang.spec import ServedModel
 
 try:  #: what differs in the installed SGLang (``versions``)
@@ -192,9 +193,8 @@ class DllmDecodeAlgorithm(DllmAlgorithm):
     def init_step_state(self, forward_batch: Any) -> list[RequestBlock]:
         """One fresh ``RequestBlock`` per row, seeded from the request id and the block's
         position."""
-        batch = forward_batch.batch_size
         positions = getattr(forward_batch, "positions", None)
-        first = None if positions is None else positions.view(batch, self.block_size)[:, 0]
+        first = None if positions is None else positions[::self.block_size]  # [B] block starts
         return self.decoder.start(self._prompt_mask(forward_batch), first,
                                   getattr(forward_batch, "rids", None))
 

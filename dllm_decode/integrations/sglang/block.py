@@ -30,16 +30,17 @@ call's rows commit their single most confident eligible position.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 from torch import Tensor
 
+from dllm_decode.integrations.sglang.commit import StepParts, fall_back, write_step
 from dllm_decode.integrations.sglang.pool import RequestPool
-from dllm_decode.integrations.sglang.round_rows import STEP, RoundRows, Tables
+from dllm_decode.integrations.sglang.round_rows import STEP, RequestBlock, RoundRows, Tables
 from dllm_decode.integrations.sglang.spec import ServedModel, ServingSpec, refuse_unservable
 from dllm_decode.integrations.sglang.views import (
+    RowsState,
     ServedStepModel,
     Watched,
     WatchedExtras,
@@ -47,49 +48,15 @@ from dllm_decode.integrations.sglang.views import (
     take_rows,
     unscored,
 )
-from dllm_decode.policies.base import bind_of, top1_mask
+from dllm_decode.policies.base import bind_of
 from dllm_decode.policies.capabilities import policy_capabilities
-from dllm_decode.samplers.contract import PolicyContractError, StepGuard
+from dllm_decode.samplers.contract import StepGuard
 from dllm_decode.samplers.proposals import ProposalMaker
-from dllm_decode.types import Proposal, Selection, StepState
+from dllm_decode.types import Proposal, StepState
 
 logger = logging.getLogger("dllm_decode.integrations.sglang")
 #: the default bound on the per-request pool (the YAML's ``pool_budget_mb`` overrides it)
 POOL_BUDGET = 4 << 30
-
-
-@dataclass(eq=False)
-class RequestBlock:
-    """One request's block in progress (SGLang's ``dllm_algo_state``; host values).
-
-    Attributes:
-        rid: the request id ("" when SGLang gave none).
-        open: positions to decode at the block's start; n_commit: its scheduled (commit)
-            steps; n_iter: plus the editing post steps.
-        seed: the request's seed for this block (``None``: no request ids, nothing may draw).
-        slot: its row of the decoder's ``RequestPool`` (prompt mask, memory, length).
-        step: steps taken; has_mask: the block still has a mask (as of the last step);
-        post_used: editing post steps taken; done: the block is emitted.
-        generator: a ``torch.Generator`` for a user policy without ``row_steps`` that draws
-            from ``state.generator`` (made on first use).
-    """
-
-    rid: str
-    open: int
-    n_commit: int
-    n_iter: int
-    seed: int | None = None
-    slot: int = -1
-    step: int = 0
-    has_mask: bool = True
-    post_used: int = 0
-    done: bool = False
-    generator: torch.Generator | None = None
-
-    def key(self) -> tuple[int, int, int]:
-        """The host integers its ``StepState`` is built from: step, schedule length and open
-        positions (the block of a cut first block starts after the prompt tail)."""
-        return self.step, self.n_commit, self.open
 
 
 class BlockDecoder:
@@ -144,12 +111,14 @@ class BlockDecoder:
         self.probe = torch.Generator(device=device)
         #: the decode contract's host-side shape check of a selection (``StepGuard.check_shape``)
         self.guard = StepGuard(1, device, policy.name)
+        self.parts = StepParts(self.selector, self.stopper, self.truncator, self.guard,
+                               policy.name, self.mask_id, torch.arange(self.k, device=device),
+                               served.eos_token_ids[0] if served.eos_token_ids else self.mask_id)
         maker = self.maker = ProposalMaker(served, cfg, served.family, self.probe)
         maker.fields = caps.proposal_fields
         maker.greedy = caps.selector.samples_tokens
         self.step_model = ServedStepModel(served, maker)
         self.rows = torch.arange(self.k, device=device)
-        self.fill_id = served.eos_token_ids[0] if served.eos_token_ids else self.mask_id
         #: two slots (a request and the scratch slot of inert rows) until ``reserve``
         self.pool = RequestPool(self.selector, self.k, 2, device,
                                 lengths=self.truncator is not None)
@@ -211,18 +180,15 @@ class BlockDecoder:
             out.append(st)
         return out
 
-    def _take_slots(self, sts: list[RequestBlock], device: torch.device) -> None:
+    def _take_slots(self, sts: list[RequestBlock]) -> bool:
         """Pool slots for the blocks at their first step (SGLang builds states for every row
-        of a batch and keeps only the new rows'; a slot is taken when a block first runs),
-        reset to fresh memory."""
+        of a batch and keeps only the new rows'; a slot is taken when a block first runs).
+        Returns whether a new slot must be reset to fresh memory (``RoundRows.reset``)."""
         new = [st for st in sts if st.slot < 0 and not st.done]
-        if not new:
-            return
         for st in new:
             st.slot = self.pool.acquire(st)
-        if self.pool.needs_reset:
-            slots = torch.tensor([st.slot for st in new], dtype=torch.long)
-            self.pool.reset(slots.to(device, non_blocking=True))
+            st.fresh_slot = True
+        return bool(new) and self.pool.needs_reset
 
     def _steps(self, n_open: int) -> int:
         """Scheduled steps of a block with ``n_open`` positions to decode: ``steps`` per block of
@@ -319,10 +285,12 @@ class BlockDecoder:
         without ``row_steps`` read a step field that differs between its rows, or drew).
         """
         sts = [states[r] for r in rows]
-        self._take_slots(sts, ids.device)
+        reset = self._take_slots(sts)
         rr = RoundRows(sts, rows, ids.shape[0], self.tables, self.timed, self.k, ids.device,
                        per_row=self.split == "rows", scratch=self.scratch,
                        always=self.pool.needs_reset)  # pooled memory: no host counters
+        if reset:  # new blocks' slots (the scratch slot for the other rows) to fresh memory
+            self.pool.reset(rr.reset)
         take = rr.take
         canvas = take(ids)
         canvas = canvas if canvas.dtype == torch.long else canvas.long()
@@ -356,9 +324,12 @@ class BlockDecoder:
                       logits=step_logits if self.needs_logits else None,
                       editable=~masked & fresh if self.edits else None,
                       mask_logit=take(self.maker.mask_logit) if self.maker.greedy else None)
+        lazy = fields.pop("lazy")
         if watch:
             state = Watched(**fields)
             state.extras = WatchedExtras(state.reads, fields["extras"])
+        elif lazy:
+            state = RowsState(**fields, lazy=lazy)
         else:
             state = StepState(**fields)
         if failure is None:
@@ -381,7 +352,7 @@ class BlockDecoder:
                 return None
         if failure is not None:
             self._contain(failure, sts)
-            new, edit = self._fallback(state, canvas, rr.last), None
+            new, edit = fall_back(state, canvas, rr.last, self.mask_id), None
         else:
             self.pool.scatter(rr.slots, memory)
             if lengths is not None:
@@ -392,49 +363,8 @@ class BlockDecoder:
 
     def _commit(self, state: StepState, canvas: Tensor, last: Tensor, lengths: Tensor | None
                 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
-        """The selector's commits (and edits, the stopper's greedy commits, the truncator's
-        cut) written into the canvas: ``post_forward``'s rules; commits outside ``eligible``
-        and edits outside ``editable`` are dropped, the mask token is never written, and the
-        block's last scheduled step (``last [b]``) commits every eligible position left.
-        Returns ``(canvas, commit, edit | None, lengths | None)``."""
-        chosen = self.selector.select(state)
-        sel = chosen if isinstance(chosen, Selection) else Selection(chosen)
-        eligible, prop = state.eligible, state.proposal
-        self.guard.check_shape(sel.commit, eligible)
-        commit = eligible & (sel.commit | last[:, None])
-        edit = None
-        if sel.edit is not None:
-            if state.editable is None:
-                raise PolicyContractError(
-                    f"policy {self.spec.policy.name!r} returned Selection.edit without "
-                    "declaring it: capabilities = Capabilities(edits=True)")
-            self.guard.check_shape(sel.edit, eligible)
-            edit = sel.edit & state.editable
-        write = commit if edit is None else commit | edit
-        tokens = prop.tokens if sel.tokens is None else torch.where(write, sel.tokens,
-                                                                    prop.tokens)
-        if self.stopper is not None:
-            greedy = self.stopper.should_stop(state)[:, None] & state.masked & state.fresh
-            if prop.argmax is not None:  # sampled proposals: a stop takes the argmax
-                tokens = torch.where(greedy & ~commit, prop.argmax, tokens)
-            commit, write = commit | greedy, write | greedy
-        if sel.tokens is not None:  # a proposal never holds the mask token (its logit -inf)
-            write = write & (tokens != self.mask_id)
-        new = torch.where(write, tokens, canvas)
-        if self.truncator is not None:
-            cut = self.truncator.truncate(state, commit).clamp(max=self.k)
-            lengths = torch.minimum(lengths, cut)
-            dead = (self.rows[None] >= lengths[:, None]) & state.fresh
-            new = torch.where(dead, self.fill_id, new)
-        return new, commit, edit, lengths
-
-    def _fallback(self, state: StepState, canvas: Tensor, last: Tensor) -> Tensor:
-        """After a policy error: each row commits its single most confident eligible
-        position (every eligible one at the block's last scheduled step)."""
-        eligible, prop = state.eligible, state.proposal
-        commit = top1_mask(prop.prob, eligible) | (eligible & last[:, None])
-        write = commit & (prop.tokens != self.mask_id)
-        return torch.where(write, prop.tokens, canvas)
+        """``commit.write_step`` with this decoder's parts."""
+        return write_step(self.parts, state, canvas, last, lengths)
 
     def _contain(self, err: Exception, sts: list[RequestBlock]) -> None:
         """Log a failing call once: the policy, its requests and the error."""

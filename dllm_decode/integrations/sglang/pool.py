@@ -92,6 +92,11 @@ class RequestPool:
         self.template = init_memory_of(selector, 1, k, device)
         self.has_memory = self.template is not None
         self.memory = init_memory_of(selector, self.capacity, k, device)
+        #: leaf path -> the one value its fresh row holds everywhere (reset with one
+        #: ``index_fill_``), for template rows that are constant (read once, here)
+        self._fills = {path: v.reshape(-1)[0].item() for path, v in leaves(self.template)
+                       if isinstance(v, Tensor) and v.numel() > 0 and
+                       bool((v == v.reshape(-1)[0]).all())}
         #: ``[N]`` truncation lengths (a truncator's), else ``None``
         self.lengths = torch.full((self.capacity,), k, dtype=torch.long, device=device) \
             if lengths else None
@@ -166,7 +171,9 @@ class RequestPool:
             if not self._per_row(value):
                 continue
             row = fresh.get(path)
-            if isinstance(row, Tensor):
+            if path in self._fills:
+                value.index_fill_(0, slots, self._fills[path])
+            elif isinstance(row, Tensor):
                 value.index_copy_(0, slots, row.expand(slots.shape[0], *row.shape[1:]))
             else:
                 value.index_fill_(0, slots, 0)

@@ -14,6 +14,7 @@ No SGLang import.
 from __future__ import annotations
 
 import struct
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -24,7 +25,7 @@ from dllm_decode.samplers import schedule as sch
 
 #: columns of the packed per-row table (``PROGRESS`` holds float64 bits)
 (ROW, SLOT, STEP, STEPS_LEFT, TOTAL, START, REFRESH, LAST, BUDGET, PLAN, TIMES, SEED,
- PROPOSAL_SEED, PROGRESS) = range(14)
+ PROPOSAL_SEED, PROGRESS, RESET) = range(15)
 #: the draw counter of the proposal's stream (the policy draws from ``mix_seeds(key, step)``)
 PROPOSAL_STREAM = -1
 
@@ -32,6 +33,42 @@ PROPOSAL_STREAM = -1
 def _f64_bits(x: float) -> int:
     """The int64 whose bits are the float64 ``x`` (read back with ``Tensor.view``)."""
     return struct.unpack("<q", struct.pack("<d", x))[0]
+
+
+@dataclass(eq=False)
+class RequestBlock:
+    """One request's block in progress (SGLang's ``dllm_algo_state``; host values).
+
+    Attributes:
+        rid: the request id ("" when SGLang gave none).
+        open: positions to decode at the block's start; n_commit: its scheduled (commit)
+            steps; n_iter: plus the editing post steps.
+        seed: the request's seed for this block (``None``: no request ids, nothing may draw).
+        slot: its row of the decoder's ``RequestPool`` (memory, truncation length);
+            fresh_slot: taken this step, to be reset to fresh memory.
+        step: steps taken; has_mask: the block still has a mask (as of the last step);
+        post_used: editing post steps taken; done: the block is emitted.
+        generator: a ``torch.Generator`` for a user policy without ``row_steps`` that draws
+            from ``state.generator`` (made on first use).
+    """
+
+    rid: str
+    open: int
+    n_commit: int
+    n_iter: int
+    seed: int | None = None
+    slot: int = -1
+    step: int = 0
+    has_mask: bool = True
+    post_used: int = 0
+    done: bool = False
+    generator: torch.Generator | None = None
+    fresh_slot: bool = False
+
+    def key(self) -> tuple[int, int, int]:
+        """The host integers its ``StepState`` is built from: step, schedule length and open
+        positions (the block of a cut first block starts after the prompt tail)."""
+        return self.step, self.n_commit, self.open
 
 
 class Tables:
@@ -132,12 +169,17 @@ class RoundRows:
                          if dream else 0,
                          max(tables.times_row(src.n_commit, src.step), 0), key,
                          mix_seeds_int(key, PROPOSAL_STREAM) if seeded else 0,
-                         _f64_bits(src.step / max(total - 1, 1))])
+                         _f64_bits(src.step / max(total - 1, 1)),
+                         st.slot if st.fresh_slot and not st.done else scratch])
+        for st in states:
+            st.fresh_slot = False
         meta = torch.tensor(host, dtype=torch.long, pin_memory=device.type == "cuda")
         self.meta = meta.to(device, non_blocking=True)
         self.cols = self.meta.unbind(1)
         self.idx = None if rows == list(range(batch)) else self.cols[ROW]
         self.slots = self.cols[SLOT]
+        #: ``[b]``: the slot of a block at its first step, else the scratch slot (reset both)
+        self.reset = self.cols[RESET]
         #: ``[b]`` bool: the block's last scheduled step (commit whatever is left)
         self.last = self.cols[LAST].bool()
         #: Dream's plan rows (fraction per step) on its grid, else ``None``
@@ -170,23 +212,26 @@ class RoundRows:
     def fields(self, masked: Tensor, proposal: Any, canvas: Tensor, fresh: Tensor,
                generator: torch.Generator, memory: Any, lengths: Tensor | None
                ) -> dict[str, Any]:
-        """``StepState`` keyword arguments of the call (those ``block`` fills in left out)."""
-        k, cols, st0, tables = self.k, self.cols, self.st0, self.tables
+        """``StepState`` keyword arguments of the call (those ``block`` fills in left out),
+        plus ``lazy``: the per-row fields few parts read, made on first read
+        (``views.RowsState``; empty for host values)."""
+        cols, st0, tables = self.cols, self.st0, self.tables
         budget = None
         if self.timed:
             budget = self.cols[BUDGET] if self.plan is None else (
                 masked.sum(1, dtype=torch.float32) * self.plan[1].float()).long()
         on_grid = tables.schedule == "dream" and st0.step < st0.n_commit  # see groups
-        times = None
+        times, lazy = None, {}
         if self.per_row:
             step, total = cols[STEP], cols[TOTAL]
             steps_left = cols[STEPS_LEFT] if self.timed else None
-            progress: Any = cols[PROGRESS].view(torch.float64)
             if on_grid:
                 at = cols[TIMES]
                 times = (tables.times.index_select(0, at), tables.times.index_select(0, at + 1))
-            refresh: Any = cols[REFRESH].bool()
-            refreshed = refresh
+            progress = refreshed = None  # made on first read
+            lazy = {"progress": lambda: cols[PROGRESS].view(torch.float64),
+                    "refreshed": lambda: cols[REFRESH].bool()}
+            extras = {"lengths": lengths, "total_steps": total}
         else:
             step = st0.step
             total = st0.n_commit if self.timed else st0.open
@@ -195,13 +240,13 @@ class RoundRows:
             if on_grid:
                 at = tables.times_row(st0.n_commit, step)
                 times = (tables.times[at], tables.times[at + 1])
-            refresh = step == 0
-            refreshed = torch.full((masked.shape[0],), refresh, device=masked.device)
+            refreshed = torch.full((masked.shape[0],), step == 0, device=masked.device)
+            extras = {"lengths": lengths, "refresh": step == 0, "total_steps": total}
         start = self.block_start
         return dict(
             proposal=proposal, eligible=masked, masked=masked, fresh=fresh, canvas=canvas,
-            step=step, block=0, block_start=start, block_end=k, gen_start=start,
+            step=step, block=0, block_start=start, block_end=self.k, gen_start=start,
             block_step=step, steps_left=steps_left, budget=budget, progress=progress,
-            generator=generator, forward_start=0, forward_width=k, times=times, memory=memory,
-            extras={"lengths": lengths, "refresh": refresh, "total_steps": total},
-            refreshed=refreshed, row_seeds=self.row_seeds)
+            generator=generator, forward_start=0, forward_width=self.k, times=times,
+            memory=memory, extras=extras, refreshed=refreshed, row_seeds=self.row_seeds,
+            lazy=lazy)

@@ -37,6 +37,26 @@ class Watched(StepState):
         return object.__getattribute__(self, name)
 
 
+@dataclass
+class RowsState(StepState):
+    """A ``StepState`` whose per-row values that few parts read (``progress``, ``refreshed``)
+    are made on first read: ``lazy`` maps a field to the function that makes it (no tensor op
+    for a part that never reads it)."""
+
+    lazy: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def __getattribute__(self, name: str) -> Any:
+        if name in LAZY_FIELDS:
+            make = object.__getattribute__(self, "lazy").pop(name, None)
+            if make is not None:
+                object.__setattr__(self, name, make())
+        return object.__getattribute__(self, name)
+
+
+#: ``StepState`` fields ``RowsState`` may make on first read
+LAZY_FIELDS = frozenset({"progress", "refreshed"})
+
+
 class WatchedExtras(dict):
     """``StepState.extras`` of a watched state: reading ``total_steps`` (a row's schedule
     length, like ``progress``) is recorded as reading ``progress``."""
