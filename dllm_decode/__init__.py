@@ -1,9 +1,9 @@
 """dllm-decode: fast parallel decoding for masked diffusion language models.
 
 Public API: ``DiffusionSampler``, ``SamplerConfig``, ``Generation``, ``load_model``,
-``load_tokenizer``, ``generate_text`` (+ ``TextGeneration``), ``make_policy``; for writing
-and composing policies ``Policy``, ``Capabilities``, ``StepState``, ``check_policy``; for
-pictures of a decode ``plot_decoding``.
+``load_tokenizer``, ``generate_text`` (+ ``TextGeneration``), ``stream_text`` (+ ``TextEvent``),
+``make_policy``; for writing and composing policies ``Policy``, ``Capabilities``, ``StepState``,
+``check_policy``; for pictures of a decode ``plot_decoding``.
 
 The names load on first use (PEP 562 ``__getattr__``): importing a light submodule, such as
 SGLang's plugin entry point ``dllm_decode.integrations.sglang:register`` in every SGLang
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from dllm_decode.policies.resolve import make_policy
     from dllm_decode.samplers.check import check_policy
     from dllm_decode.samplers.sampler import DiffusionSampler
-    from dllm_decode.text import TextGeneration, generate_text
+    from dllm_decode.text import TextEvent, TextGeneration, generate_text, stream_text
     from dllm_decode.tokenizer import load_tokenizer
     from dllm_decode.types import Generation, StepState
 
@@ -36,12 +36,14 @@ _WHERE = {
     "Capabilities": "policies.capabilities", "Policy": "policies.policy",
     "make_policy": "policies.resolve", "check_policy": "samplers.check",
     "DiffusionSampler": "samplers.sampler", "TextGeneration": "text",
-    "generate_text": "text", "load_tokenizer": "tokenizer", "Generation": "types",
+    "generate_text": "text", "stream_text": "text", "TextEvent": "text",
+    "load_tokenizer": "tokenizer", "Generation": "types",
     "StepState": "types"}
 
 __all__ = ["Capabilities", "DiffusionSampler", "Generation", "Policy", "SamplerConfig",
-           "StepState", "TextGeneration", "__version__", "check_policy", "generate_text",
-           "load_model", "load_tokenizer", "make_policy", "plot_decoding"]
+           "StepState", "TextEvent", "TextGeneration", "__version__", "check_policy",
+           "generate_text", "load_model", "load_tokenizer", "make_policy", "plot_decoding",
+           "stream_text"]
 
 
 def __getattr__(name: str) -> Any:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import re
 import sys
 import time
 from collections.abc import Sequence
@@ -138,7 +139,7 @@ def _reject_sampler_params(params: dict[str, Any]) -> None:
 def cmd_generate(args: argparse.Namespace) -> int:
     from dllm_decode.policies.defaults import apply_family_default
     from dllm_decode.samplers.build import build_sampler
-    from dllm_decode.text import generate_text, testbed_gen_length
+    from dllm_decode.text import generate_text, stop_token_ids, stream_text, testbed_gen_length
 
     if args.policy is not None:
         _check_policy_name(args.policy)
@@ -148,7 +149,8 @@ def cmd_generate(args: argparse.Namespace) -> int:
                                                 device=args.device, revision=args.revision,
                                                 mask_token_id=args.mask_token_id,
                                                 token_ids=args.token_ids)
-    gen_length = args.gen_length or testbed_gen_length(tok) or 64
+    # None (not given) falls back; 0 or less goes on to SamplerConfig, which rejects it
+    gen_length = (testbed_gen_length(tok) or 64) if args.gen_length is None else args.gen_length
     params.update(gen_length=gen_length, block_length=args.block_length, steps=args.steps,
                   temperature=args.temperature, seed=args.seed)
     if args.stop_at_eos:  # else the family default's (Fast-dLLM v2 stops at its EOS)
@@ -166,6 +168,19 @@ def cmd_generate(args: argparse.Namespace) -> int:
                           len(encode_prompt(tok, args.prompt)))
         on_step = live.update
     start = time.perf_counter()
+    if args.stream:  # deltas as they become final (text.stream_text), then the same line
+        if args.show or args.plot:
+            raise ValueError("--stream prints the text as it comes; use it without --show "
+                             "and --plot")
+        last = None
+        for last in stream_text(sampler, tok, args.prompt):
+            print(last.delta, end="", flush=True)
+        print()
+        elapsed = time.perf_counter() - start
+        stops = stop_token_ids(tok, model)
+        print(f"[{desc} | policy={sampler.policy.name} cache={sampler.config.cache.value}] "
+              f"{speed_line(last.generation, stops, elapsed)}", file=sys.stderr)
+        return 0
     with live if live is not None else _nullcontext():
         result = generate_text(sampler, tok, args.prompt, on_step=on_step)
     elapsed = time.perf_counter() - start
@@ -234,7 +249,9 @@ class _nullcontext:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="dllm-decode", description=__doc__)
+    # the module docstring without its RST markup (``dllm-decode`` -> dllm-decode)
+    description = re.sub(r"`+([^`]*)`+", r"\1", __doc__ or "")
+    parser = argparse.ArgumentParser(prog="dllm-decode", description=description)
     sub = parser.add_subparsers(dest="command", required=True)
 
     gen = sub.add_parser("generate", help="decode one prompt")
@@ -279,6 +296,9 @@ def build_parser() -> argparse.ArgumentParser:
                           "SamplerConfig field), --param stopper.tau_low=2.0, "
                           "--param truncator.NAME=VALUE")
     gen.add_argument("--show", action="store_true", help="render the canvas filling in live")
+    gen.add_argument("--stream", action="store_true",
+                     help="print the answer as it becomes final, block by block "
+                          "(stream_text)")
     gen.add_argument("--plot", default=None, metavar="PNG",
                      help="draw the commit order (positions x steps, tokens per step, cache "
                           "refreshes) to this PNG (needs matplotlib)")

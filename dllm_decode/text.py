@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Final
 
@@ -288,17 +288,21 @@ def decode_answers(tokenizer: Any, answer: Tensor, stop_ids: Sequence[int],
     texts, stopped = [], []
     for row in rows:
         cut = answer_length(row, stops)
-        kept = [t for t in row[:cut] if t != mask_token_id]
-        if codec is not None:
-            text = codec.decode(kept)
-        else:
-            try:
-                text = tokenizer.decode(kept, skip_special_tokens=True)
-            except TypeError:  # a minimal tokenizer without the keyword
-                text = tokenizer.decode(kept)
-        texts.append(text)
+        texts.append(_decode_ids(tokenizer, codec, row[:cut], mask_token_id))
         stopped.append(cut < len(row))
     return texts, stopped
+
+
+def _decode_ids(tokenizer: Any, codec: Any, ids: Sequence[int], mask_token_id: int | None) -> str:
+    """One answer's ids (already cut at its stop) as text: masks and special tokens dropped,
+    a test-bed codec's list format (``decode_answers``)."""
+    kept = [t for t in ids if t != mask_token_id]
+    if codec is not None:
+        return str(codec.decode(kept))
+    try:
+        return str(tokenizer.decode(kept, skip_special_tokens=True))
+    except TypeError:  # a minimal tokenizer without the keyword
+        return str(tokenizer.decode(kept))
 
 
 def generate_text(sampler: Any, tokenizer: Any, prompts: Prompts, *, chat: bool | None = None,
@@ -336,3 +340,105 @@ def generate_text(sampler: Any, tokenizer: Any, prompts: Prompts, *, chat: bool 
                                     getattr(model, "mask_token_id", None))
     return TextGeneration(texts=texts, stopped=stopped, generation=out, prompt_ids=ids,
                           attention_mask=mask, stop_token_ids=stops)
+
+
+@dataclass(frozen=True)
+class TextEvent:
+    """One event of ``stream_text``.
+
+    delta: text that became final with this event (append-only: the joined deltas are
+        ``generate_text``'s text); done: the last event; stopped: a final stop token ended the
+        answer (``generate_text``'s flag; once set, no delta follows); step / block: decode
+        steps run so far and the current block (``samplers.stream.StreamEvent``);
+        generation: the ``Generation`` (the last event only, else ``None``).
+    """
+
+    delta: str
+    done: bool
+    stopped: bool
+    step: int
+    block: int
+    generation: Generation | None = None
+    _text: Any = field(default=None, repr=False, compare=False)
+
+    @property
+    def provisional(self) -> str | None:
+        """The current block's text (committed tokens plus the argmax of masked positions, cut
+        at a stop token); ``None`` unless streamed with ``provisional=True``. Decoded on read."""
+        return None if self._text is None else self._text()
+
+
+def stream_text(sampler: Any, tokenizer: Any, prompt: Prompts, *, chat: bool | None = None,
+                provisional: bool = False, **overrides: Any) -> Iterator[TextEvent]:
+    """Decode one prompt as ``generate_text`` does, yielding ``TextEvent``s as text becomes
+    final (``DiffusionSampler.stream`` underneath: a block's text once the loop leaves it, a
+    uniform-noise model's per canvas).
+
+    ``delta`` is append-only and UTF-8 safe: the final token prefix is cut at its first stop
+    token and decoded as ``generate_text`` decodes, and only the new end of that text is
+    yielded, holding back an incomplete trailing character (and, for a tokenizer that cleans
+    up spaces before punctuation, the last word) until the next block or the end. Once a stop
+    token is final the rest of the text is yielded at once (``stopped``); the decode then runs
+    to its end for the last event's ``Generation`` (stop iterating to skip it). Other events
+    with an empty ``delta`` come only with ``provisional=True`` (one per step).
+
+    Args:
+        sampler: the ``DiffusionSampler`` to decode with (as for ``generate_text``).
+        tokenizer: its tokenizer (as for ``generate_text``).
+        prompt: one prompt: a string or one conversation.
+        chat: render with the chat template (as for ``generate_text``).
+        provisional: also show the current block's canvas (``DiffusionSampler.stream``).
+        overrides: per-call settings (as for ``generate_text``).
+
+    Example::
+
+        for event in stream_text(sampler, tok, "Why is the sky blue?"):
+            print(event.delta, end="", flush=True)
+    """
+    model = sampler.model
+    ids, mask = encode_prompts(tokenizer, prompt, chat=chat)
+    if ids.shape[0] != 1:
+        raise ValueError(f"stream_text streams one prompt, got {ids.shape[0]}: stream them one "
+                         "at a time or use generate_text for a batch")
+    first = next(iter(model.parameters()), None) if hasattr(model, "parameters") else None
+    device = first.device if first is not None else torch.device("cpu")
+    padded = bool((mask == 0).any())
+    events = sampler.stream(ids.to(device), mask.to(device) if padded else None,
+                            provisional=provisional, **overrides)
+    return _text_events(events, tokenizer, stop_token_ids(tokenizer, model),
+                        getattr(model, "mask_token_id", None), provisional)
+
+
+def _text_events(events: Iterator[Any], tokenizer: Any, stops: Sequence[int],
+                 mask_id: int | None, provisional: bool) -> Iterator[TextEvent]:
+    """``stream_text``'s generator over ``DiffusionSampler.stream`` events (closes it)."""
+    codec = _testbed_codec(str(getattr(tokenizer, "name_or_path", "") or ""))
+    hold_word = codec is None and bool(getattr(tokenizer, "clean_up_tokenization_spaces", False))
+
+    def block_text(ev: Any) -> str:
+        ids = list(ev.provisional)
+        return _decode_ids(tokenizer, codec, ids[:answer_length(ids, stops)], mask_id)
+
+    final: list[int] = []
+    emitted, stopped = "", False
+    try:
+        for ev in events:
+            if stopped and not ev.done:
+                continue  # the text is decided: only the last event (the Generation) follows
+            final.extend(ev.final)
+            cut = answer_length(final, stops)
+            stopped = cut < len(final)
+            text = ready = _decode_ids(tokenizer, codec, final[:cut], mask_id)
+            if not (ev.done or stopped):  # hold back what a later token may still change
+                ready = text.rstrip("\ufffd")
+                if hold_word:  # " ." -> "." may still happen at the end
+                    ready = ready[:max(ready.rfind(" "), 0)]
+            delta = ready[len(emitted):] if ready.startswith(emitted) else ""
+            emitted += delta
+            if delta or ev.done or provisional:
+                yield TextEvent(delta, ev.done, stopped, ev.step, ev.block, ev.generation,
+                                functools.partial(block_text, ev) if provisional else None)
+    finally:
+        close = getattr(events, "close", None)  # the sampler's generator: stop the decode
+        if close is not None:
+            close()

@@ -28,6 +28,7 @@ from dllm_decode.policies.defaults import (
 )
 from dllm_decode.policies.resolve import PRESETS
 from dllm_decode.text import stop_token_ids
+from tests.docs_text import doc_section
 from tests.helpers import tiny_gemma_config, tiny_model
 from tests.moe_helpers import tiny_moe_model
 
@@ -64,9 +65,8 @@ def family_model(name: str, vocab: int) -> Any:
 
 def test_every_family_default_is_a_preset() -> None:
     assert all(d.policy in PRESETS for d in FAMILY_DEFAULTS.values())
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("## Supported model families", 1)[1].split("\n## ", 1)[0]
-    for d in FAMILY_DEFAULTS.values():  # the README's families table names each default
+    table = doc_section("## Supported model families")
+    for d in FAMILY_DEFAULTS.values():  # the docs' families table names each default
         assert f"`{d.policy}`" in table, d.policy
 
 

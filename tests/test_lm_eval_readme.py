@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("lm_eval", reason="lm-eval is not installed (pip install 'dllm-decode[eval]')")
 
 from dllm_decode.eval.lm_eval import DllmDecodeLM  # noqa: E402
+from tests.docs_text import docs_text  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 #: the bundled model and the zero-shot task it was trained for (the README leaves them open)
@@ -24,10 +25,11 @@ MODEL, TASK = "tiny-llada", "parallelbench_waiting_line_copy_0shot"
 
 
 def readme_command() -> list[str]:
-    """The README's one ``python -m dllm_decode.eval.lm_eval`` line, as argv."""
-    lines = [line.strip() for line in (ROOT / "README.md").read_text().splitlines()
+    """The docs' one ``python -m dllm_decode.eval.lm_eval`` line (``docs/evaluation.md``), as
+    argv."""
+    lines = [line.strip() for line in docs_text().splitlines()
              if line.strip().startswith("python -m dllm_decode.eval.lm_eval")]
-    assert len(lines) == 1, f"expected one lm-eval command in README.md, found {lines}"
+    assert len(lines) == 1, f"expected one lm-eval command in README.md and docs/, found {lines}"
     return shlex.split(lines[0])
 
 

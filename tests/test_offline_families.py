@@ -12,15 +12,16 @@ import pytest
 
 from dllm_decode import cli
 from tests.conformance import CONFORMANCE, require_shared
+from tests.docs_text import doc_section, docs_text
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 ROOT = Path(__file__).resolve().parents[1]
 
 
 def readme_commands() -> list[str]:
-    """The ``dllm-decode generate`` lines of the README's "Without the Hub" section."""
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## Without the Hub", 1)[1].split("\n## ", 1)[0]
+    """The ``dllm-decode generate`` lines of the docs' "Without the Hub" section
+    (``docs/models.md``)."""
+    section = doc_section("## Without the Hub")
     return re.findall(r"^(dllm-decode generate .*)$", section, flags=re.M)
 
 
@@ -31,7 +32,7 @@ def test_the_section_covers_every_family_with_a_checkpoint_there() -> None:
         assert f"../shared/conformance/{name}" in commands, name
     assert "--policy llada21" in commands
     assert "--model testbed-llada2" in commands and "--model testbed-gemma" in commands
-    assert "`--model tiny-sdar`" in (ROOT / "README.md").read_text()
+    assert "`--model tiny-sdar`" in docs_text()
 
 
 @pytest.mark.parametrize("command", readme_commands())

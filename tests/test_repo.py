@@ -23,6 +23,15 @@ def test_ci_runs_the_readme_test_command() -> None:
     assert commands[1] in ci
 
 
+def test_readme_is_short_and_starts_with_the_set_up_commands() -> None:
+    """Issue 54: at most 250 lines, both set-up commands within the first 60 (one screen)."""
+    lines = (ROOT / "README.md").read_text().splitlines()
+    assert len(lines) <= 250, f"README.md has {len(lines)} lines; move detail into docs/"
+    first = "\n".join(lines[:60])
+    for command in _readme_commands():
+        assert command in first, f"set-up command not in README's first 60 lines: {command[:60]}"
+
+
 def test_cli_generate_runs() -> None:
     res = subprocess.run([sys.executable, "-m", "dllm_decode.cli", "generate", "hi",
                           "--gen-length", "8", "--policy", "threshold"],

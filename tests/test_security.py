@@ -236,11 +236,13 @@ def code_uses(source: str) -> set[str]:
 
 
 def readme_listing() -> dict[str, set[str]]:
-    """``{file: uses}`` from the table of the README's "What runs code" section."""
+    """``{file: uses}`` from the table of the docs' "What runs code" section
+    (``docs/contracts.md``)."""
     import re
 
-    text = (ROOT / "README.md").read_text()
-    section = text.split("## What runs code\n", 1)[1].split("\n## ", 1)[0]
+    from tests.docs_text import doc_section
+
+    section = doc_section("## What runs code")
     listed: dict[str, set[str]] = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
@@ -259,7 +261,7 @@ def test_scanner_finds_what_it_looks_for() -> None:
 
 def test_readme_lists_every_place_that_can_run_code() -> None:
     listed = readme_listing()
-    assert listed, "README section 'What runs code' has no table"
+    assert listed, "docs section 'What runs code' has no table"
     found = {}
     for path in sorted((ROOT / "dllm_decode").rglob("*.py")):
         uses = code_uses(path.read_text())
@@ -267,11 +269,11 @@ def test_readme_lists_every_place_that_can_run_code() -> None:
             found[path.relative_to(ROOT).as_posix()] = uses
     unlisted = {f: sorted(u - listed.get(f, set())) for f, u in found.items()
                 if u - listed.get(f, set())}
-    assert not unlisted, (f"code-running uses not listed in README 'What runs code': {unlisted}; "
+    assert not unlisted, (f"code-running uses not listed in docs 'What runs code': {unlisted}; "
                           "list them there (what runs and who names it), or remove them")
     stale = {f: sorted(u - found.get(f, set())) for f, u in listed.items()
              if u - found.get(f, set())}
-    assert not stale, f"README 'What runs code' lists uses the code no longer has: {stale}"
+    assert not stale, f"docs 'What runs code' lists uses the code no longer has: {stale}"
     assert "yaml.load" not in set().union(*found.values()), "use yaml.safe_load"
 
 

@@ -430,9 +430,11 @@ def test_sampling_is_seeded_per_request() -> None:
 
 # ---- the README's table of what runs inside SGLang --------------------------------------------
 def readme_table() -> dict[str, str]:
-    """``policy -> "runs" | "refused"`` from README "Serving with SGLang"."""
-    text = (ASSETS.parents[2] / "README.md").read_text()
-    section = text.split("## Serving with SGLang", 1)[1].split("\n## ", 1)[0]
+    """``policy -> "runs" | "refused"`` from the docs' "Serving with SGLang"
+    (``docs/serving.md``)."""
+    from tests.docs_text import doc_section
+
+    section = doc_section("## Serving with SGLang")
     out = {}
     for line in section.splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]

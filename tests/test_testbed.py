@@ -499,9 +499,9 @@ def test_grids_naming_a_bundled_tiny_model_are_zero_shot() -> None:
 def test_readme_grid_scores_above_zero_on_the_bundled_model(tmp_path: Path,
                                                             one_thread: None) -> None:
     from dllm_decode.eval.runner import run_sweep
+    from tests.docs_text import docs_text
 
-    readme = (ROOT / "README.md").read_text()
-    assert "--grid benchmarks/grids/tiny_cpu.yaml" in readme
+    assert "--grid benchmarks/grids/tiny_cpu.yaml" in docs_text()
     args = types.SimpleNamespace(grid=str(ROOT / "benchmarks/grids/tiny_cpu.yaml"),
                                  out=str(tmp_path / "pb"), limit=2, no_progress=True)
     summary = run_sweep(args)
@@ -539,12 +539,12 @@ def test_readme_test_bed_snippet_runs(one_thread: None, capsys: pytest.CaptureFi
     import re
     import textwrap
 
-    readme = (ROOT / "README.md").read_text()
-    section = readme.split("## A test bed on which decoding methods differ", 1)[1]
-    section = section.split("\n## ", 1)[0]
+    from tests.docs_text import doc_section
+
+    section = doc_section("## A test bed on which decoding methods differ")
     block = re.search(r"```python\n(.*?)```", section, re.S)
     assert block is not None
-    exec(compile(textwrap.dedent(block.group(1)), "README test bed", "exec"), {})
+    exec(compile(textwrap.dedent(block.group(1)), "docs test bed", "exec"), {})
     answer = capsys.readouterr().out.split("]")[0] + "]"
     assert len(json.loads(answer)) >= 3
 

@@ -97,8 +97,10 @@ def test_piped_show_ends_its_last_frame_with_a_newline() -> None:
 
 
 def test_step_and_block_step_are_documented_and_behave_so() -> None:
-    readme = (ROOT / "README.md").read_text()
-    assert "`step` (a Python `int`" in readme and "`block_step` (an `int`" in readme
+    from tests.docs_text import docs_text
+
+    docs = docs_text()
+    assert "`step` (a Python `int`" in docs and "`block_step` (an `int`" in docs
     seen = []
 
     @dataclass(frozen=True)

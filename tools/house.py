@@ -13,7 +13,10 @@
 * **rooms**: the package root's children (``dllm_decode.samplers``, ``dllm_decode.types``,
   ...) plus the root itself (``dllm_decode``: its ``__init__``); an **arrow** is a pair of
   rooms with at least one import between them (the imports inside a room are not arrows).
-* **floors**: the longest chain of arrows (rooms in one circle of rooms count as one).
+* **rooms that import each other**: strongly connected components of more than one room in
+  the graph of arrows. Not import circles (no module is in a circle); allowed when the rooms
+  share a layer split by ``:`` (``eval : tokenizer``), else they are arrows back up.
+* **floors**: the longest chain of arrows (rooms that import each other count as one).
 * **arrows back up**: arrows from a room to a room on a higher layer of the layers contract
   in ``pyproject.toml`` (``[tool.importlinter]``; the layers of *this* checkout, also for
   ``--rev``), and arrows into the root from inside (nothing below the public face imports it).
@@ -114,10 +117,17 @@ def house(graph: dict[str, set[str]], layers: dict[str, int]) -> dict:
         "floors": floors(room_graph),
         "arrows": len(arrows),
         "room_circles": room_circles,
+        "room_circles_allowed": [same_layer(c, layers) for c in room_circles],
         "arrows_back_up": len(back_up),
         "back_up": {f"{a} -> {b}": arrows[(a, b)] for a, b in back_up},
         "unplaced_rooms": sorted(r for r in rooms if r not in layers and r != PACKAGE),
     }
+
+
+def same_layer(rooms: list[str], layers: dict[str, int]) -> bool:
+    """Whether ``rooms`` all sit on one layer of the contract (rooms of one layer that import
+    each other are split by ``:``: those split by ``|`` are independent, which lint checks)."""
+    return all(r in layers for r in rooms) and len({layers[r] for r in rooms}) == 1
 
 
 def floors(room_graph: dict[str, set[str]]) -> int:
@@ -148,12 +158,15 @@ def report(numbers: dict, label: str) -> Iterable[str]:
     """Human-readable lines."""
     yield (f"{label}: {numbers['modules']} modules, {numbers['imports']} imports; "
            f"{numbers['rooms']} rooms on {numbers['floors']} floors, {numbers['arrows']} "
-           f"arrows; {numbers['circles']} import circles; {numbers['arrows_back_up']} "
-           f"arrows back up a layer")
+           f"arrows; {numbers['circles']} import circles between modules; "
+           f"{numbers['arrows_back_up']} arrows back up a layer")
     for circle in numbers["circle_modules"]:
         yield "  circle: " + " <-> ".join(m.removeprefix(PACKAGE + ".") for m in circle)
-    for circle in numbers["room_circles"]:
-        yield "  rooms in a circle: " + ", ".join(circle)
+    for circle, allowed in zip(numbers["room_circles"], numbers["room_circles_allowed"],
+                               strict=True):
+        why = "allowed: one layer, ':'" if allowed else "NOT allowed: across layers"
+        yield (f"  rooms that import each other ({why}): "
+               + ", ".join(r.removeprefix(PACKAGE + ".") for r in circle))
     for arrow, imports in numbers["back_up"].items():
         yield f"  back up: {arrow} ({'; '.join(imports)})"
     if numbers["unplaced_rooms"]:

@@ -15,9 +15,12 @@ Resume and sharding: each process appends to ``rows.rank{r}.jsonl`` (one line pe
 flushed and fsynced) and skips ``(config_hash, task, doc_id)`` keys already present in any
 rows file of the output directory; a truncated last line (a crash mid-write) is dropped.
 Under ``torchrun`` (``WORLD_SIZE > 1``) a gloo process group is created, work units are dealt
-round-robin over ranks, and rank 0 merges everything into ``rows.jsonl`` sorted by
-``(config_hash, task, doc_id)``. Rank 0 also writes ``run.json``: the rows each config is to
-produce (``rows.write_plan``), from which ``eval analyze`` tells an incomplete run.
+round-robin over ranks. At the end rank 0 merges everything into ``rows.jsonl`` sorted by
+``(config_hash, task, doc_id)``: the result. A single process then deletes the rank files
+(all in ``rows.jsonl``): a finished one-process run holds only ``rows.jsonl``, and a rank file
+beside it means an interrupted run (the next run resumes it). Rank 0 also writes ``run.json``:
+the rows each config is to produce (``rows.write_plan``), from which ``eval analyze`` tells an
+incomplete run.
 """
 
 from __future__ import annotations
@@ -271,6 +274,9 @@ def _finish_run(out: Path, units: list[Any], todo: list[Any], mine: list[Any], r
         rows_path = merge_rows(out)
         with rows_path.open() as handle:
             merged = sum(1 for line in handle if line.strip())
+        if world == 1:  # rows.jsonl holds every row now: one process leaves no rank journal
+            for path in out.glob(RANK_FILE.format(rank="*")):
+                path.unlink()
     barrier(world)
     if created:
         import torch.distributed as dist

@@ -25,7 +25,9 @@ what ``__init__`` uses (``preferred_cache``, ``requires_attention``) comes from 
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
+import sys
 from dataclasses import dataclass, fields
 from typing import Any, Final
 
@@ -166,6 +168,13 @@ class Capabilities:
     fuses_logits: bool = False
     row_steps: bool = False
 
+    def __new__(cls, *args: Any, **kwargs: Any) -> Capabilities:
+        """Refuse an unknown keyword before the dataclass ``__init__`` sees it (one line:
+        the closest name, the caller's file:line); ``dataclasses.replace`` comes here too."""
+        if not kwargs.keys() <= cls.__dataclass_fields__.keys():
+            raise _unknown_keyword(cls.__name__, kwargs, cls.__dataclass_fields__)
+        return super().__new__(cls)
+
     def __post_init__(self) -> None:
         kinds = self.noise_kinds
         if isinstance(kinds, str) or not kinds or any(k not in NOISE_KINDS for k in kinds):
@@ -206,6 +215,21 @@ class Capabilities:
     def names(cls) -> tuple[str, ...]:
         """Every capability name."""
         return tuple(f.name for f in fields(cls))
+
+
+def _unknown_keyword(kind: str, given: Any, valid: Any) -> TypeError:
+    """The one-line ``TypeError`` for the names in ``given`` not in ``valid``: the closest valid
+    name of each and the file:line of the first caller outside this module and ``dataclasses``."""
+    unknown = [n for n in given if n not in valid]
+    close = [difflib.get_close_matches(n, list(valid), n=1) for n in unknown]
+    named = ", ".join(f"{n!r}" + (f" (did you mean {c[0]!r}?)" if c else "")
+                      for n, c in zip(unknown, close, strict=True))
+    frame = sys._getframe(1)  # walked only on this error path
+    while frame.f_back is not None and frame.f_code.co_filename in (__file__, dataclasses.__file__):
+        frame = frame.f_back
+    names = "" if all(close) else f"; valid names: {', '.join(valid)}"
+    return TypeError(f"{kind}() got unknown keyword(s) {named} at "
+                     f"{frame.f_code.co_filename}:{frame.f_lineno}{names}")
 
 
 def _check_fields(names: Any) -> tuple[str, ...]:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -23,6 +23,7 @@ from dllm_decode.samplers.loop import decode_loop
 from dllm_decode.samplers.noise import noise_kind
 from dllm_decode.samplers.params import build_policy, replace_config
 from dllm_decode.samplers.step import compile_step, post_forward
+from dllm_decode.samplers.stream import StreamEvent, stream_hook, stream_loop
 from dllm_decode.types import Generation, StepState
 
 OnStep = Callable[[StepState, Tensor], None]
@@ -186,25 +187,77 @@ class DiffusionSampler:
 
         Returns: ``Generation`` (tokens ``[B, P + G]``, per-row NFE, commit steps, bits).
         """
-        cfg = replace_config(self.config, overrides) if overrides else self.config
-        model, policy, caps = self.model, self.policy, self.capabilities
-        # components may check themselves against the model/config (``bind(model, cfg)``:
-        # Learn2PD's filter fingerprint and block length, EoTP's EOS ids) and resolve what
-        # depends on the model (ETE's in-block lookahead on block-causal models): the loop
-        # follows the bound parts' declarations
-        parts = (policy.selector, policy.stopper, policy.truncator)
-        bound = tuple(_bind(c, model, cfg) for c in parts)
-        if any(b_ is not c for b_, c in zip(bound, parts, strict=True)):
-            caps = policy_capabilities(*bound)
-        # what the bound parts need of the model (causal attention inside a block)
-        check_model_needs(model, caps, cfg.causal_prefix, policy.name)
-        prompt, valid_prompt = check_inputs(model, prompt_ids, attention_mask, cfg)
+        cfg, caps, bound, prompt, valid_prompt = self._begin(prompt_ids, attention_mask,
+                                                             overrides)
+        model = self.model
         groups = split_rows(model, valid_prompt, cfg.seed)
         if groups is not None:  # batch invariance: sub-batches decoded alone, then merged
             return decode_groups(self.generate, prompt, valid_prompt, groups, on_step=on_step,
                                  **{k: v for k, v in overrides.items() if k != "seed"})
         run = self.noise.begin(self, cfg, caps, bound, prompt, valid_prompt, on_step)
         return decode_loop(run)  # the one loop (samplers.loop), for every noise kind
+
+    @torch.inference_mode()
+    def stream(self, prompt_ids: Tensor | list[list[int]], attention_mask: Tensor | None = None,
+               *, provisional: bool = False, **overrides: Any) -> Iterator[StreamEvent]:
+        """Decode one prompt as ``generate`` does, yielding ``samplers.stream.StreamEvent``s.
+
+        An event after every step (``final`` empty), one after every block with the answer
+        tokens that became final (a block once the loop leaves it; a uniform-noise canvas
+        once decoded; see ``samplers.stream``), and a last one (``done``) with the
+        ``Generation``: the concatenated ``final`` tokens equal ``generate(...).answer[0]``.
+
+        Args:
+            prompt_ids: ``[1, P]`` int64 (one row; a batch is refused).
+            attention_mask: ``[1, P]`` 1 = token, 0 = left padding (``None``: no padding).
+            provisional: let events read the current block's canvas (``StreamEvent.provisional``,
+                committed tokens plus the argmax of the masked ones). Off: no extra work and no
+                host sync per step beyond the loop's one; on: mask models run the eager
+                ``post_forward`` step (tokens unchanged) and each event keeps a device copy of
+                the block.
+            **overrides: ``SamplerConfig`` fields for this call, as for ``generate``.
+
+        The checks (inputs, options, one row) run here; the decode starts at the first
+        ``next``. Closing the generator early (``break``, ``close()``) abandons the decode; the
+        sampler stays usable.
+        """
+        cfg, caps, bound, prompt, valid_prompt = self._begin(prompt_ids, attention_mask,
+                                                             overrides)
+        model = self.model
+        if prompt.shape[0] != 1:
+            raise ValueError(f"stream decodes one prompt row, got a batch of {prompt.shape[0]}: "
+                             "stream each prompt on its own or use generate for a batch")
+        groups = split_rows(model, valid_prompt, cfg.seed)  # one row: a per-row seed list
+        if groups is not None:
+            cfg = replace_config(cfg, {"seed": groups[0][1]})
+        hook = stream_hook(self.noise_kind, provisional)
+        mask_id = getattr(model, "mask_token_id", None) if self.noise_kind == "mask" else None
+
+        @torch.inference_mode()  # entered around each resumption, not left on between them
+        def events() -> Iterator[StreamEvent]:
+            run = self.noise.begin(self, cfg, caps, bound, prompt, valid_prompt, hook)
+            yield from stream_loop(run, cfg.gen_length, mask_id=mask_id, hook=hook,
+                                   provisional=provisional)
+
+        return events()
+
+    def _begin(self, prompt_ids: Tensor | list[list[int]], attention_mask: Tensor | None,
+               overrides: dict[str, Any]) -> tuple[SamplerConfig, Any, tuple, Tensor, Tensor]:
+        """What ``generate`` and ``stream`` do before decoding: the call's config, the policy's
+        parts bound to the model and config (``bind(model, cfg)``: Learn2PD's filter
+        fingerprint and block length, EoTP's EOS ids; what depends on the model, such as ETE's
+        in-block lookahead on block-causal models, so the loop follows the bound parts'
+        declarations), what they need of the model checked (causal attention inside a block),
+        and the checked inputs. Returns ``(cfg, caps, bound, prompt, valid_prompt)``."""
+        cfg = replace_config(self.config, overrides) if overrides else self.config
+        model, policy, caps = self.model, self.policy, self.capabilities
+        parts = (policy.selector, policy.stopper, policy.truncator)
+        bound = tuple(_bind(c, model, cfg) for c in parts)
+        if any(b_ is not c for b_, c in zip(bound, parts, strict=True)):
+            caps = policy_capabilities(*bound)
+        check_model_needs(model, caps, cfg.causal_prefix, policy.name)
+        prompt, valid_prompt = check_inputs(model, prompt_ids, attention_mask, cfg)
+        return cfg, caps, bound, prompt, valid_prompt
 
     def step_function(self, caps: Capabilities, cfg: SamplerConfig,
                       device: torch.device) -> Callable[..., Any]:
