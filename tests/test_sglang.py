@@ -368,6 +368,7 @@ LOOP_CASES = [  # policy, params, stopper, truncator, blocks
     ("credit", {}, None, None, 4),    # fuses the logits before the proposal
     ("wide_in", {"threshold": 0.5}, None, None, 4),
     ("lopa", {"branches": 0}, None, None, 4),
+    ("llada2", {}, None, None, 4),    # the minimum schedule by block step (per row)
 ]
 
 

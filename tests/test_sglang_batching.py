@@ -187,10 +187,12 @@ def test_gathered_memory_equals_per_request_memory() -> None:
 def test_no_index_error_past_the_schedule() -> None:
     """Rows past their block's schedule (a stopped truncation, post steps) take the last plan
     row: no IndexError, the block ends."""
-    tables = __import__("dllm_decode.integrations.sglang.round_rows",
-                        fromlist=["Tables"]).Tables(K, "llada", 1e-3, torch.device("cpu"))
+    from dllm_decode.integrations.sglang.round_rows import Tables
+
+    tables = Tables(K, "dream", 1e-3, torch.device("cpu"))
     assert tables.llada_budget(2, 4, 5) == 0
-    assert tables.plan_row(2, 4, 3, 10) == 2  # clamped to the block's last row
+    assert tables.fraction_row(2, 3, 10) == 2  # clamped to the block's last row
+    assert tables.fractions.tolist()[1:] == [1.0, 0.0]  # the last scheduled step, a post step
 
 
 def test_the_pool_is_preallocated_at_start_within_its_budget() -> None:

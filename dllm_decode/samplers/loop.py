@@ -18,6 +18,7 @@ of the generation; nothing lives in module attributes):
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 from dllm_decode.types import Generation
@@ -56,16 +57,27 @@ def decode_step(run: DecodeRun, i: int) -> None:
     run.post(fed, i)
 
 
-def decode_loop(run: DecodeRun) -> Generation:
-    """Run a generation to its end: every block, every step of it until the noise kind's
-    termination contract says the block is done (the step cap bounds it), then the
-    ``Generation``."""
+def run_blocks(run: DecodeRun) -> Iterator[tuple[int, int | None]]:
+    """The loop itself, as a generator: every block, every step of it until the noise kind's
+    termination contract says the block is done (the step cap bounds it). Yields
+    ``(blk, i)`` after step ``i`` of block ``blk`` and ``(blk, None)`` once the block has ended
+    (``end_block`` ran); stops after the last block or the block that finished every row.
+    ``decode_loop`` runs it through, ``samplers.stream`` turns it into events."""
     for blk in range(run.n_blocks):
         n_iter = run.start_block(blk)
         for i in range(n_iter):
             if not run.sync(i):  # the one host sync per step
                 break
             decode_step(run, i)
-        if run.end_block(blk):
-            break
+            yield blk, i
+        ended = run.end_block(blk)
+        yield blk, None
+        if ended:
+            return
+
+
+def decode_loop(run: DecodeRun) -> Generation:
+    """Run a generation to its end (``run_blocks``), then the ``Generation``."""
+    for _ in run_blocks(run):
+        pass
     return run.finish()

@@ -1,8 +1,8 @@
 """Streaming one generation: ``DiffusionSampler.stream`` yields an event per decode step.
 
-The loop is ``samplers.loop.decode_loop`` written as a generator (``stream_loop``): the same
-``DecodeRun`` (``samplers.noise``), the same blocks and steps in the same order, so the tokens
-equal ``generate``'s. After every step it yields a ``StreamEvent`` (nothing becomes final
+The loop is ``samplers.loop.run_blocks``, the generator ``decode_loop`` runs through: the
+same ``DecodeRun`` (``samplers.noise``), the same blocks and steps in the same order, so the
+tokens equal ``generate``'s. After every step it yields a ``StreamEvent`` (nothing becomes final
 there), after every block one that carries the tokens that became final, and a last one
 (``done``) with the ``Generation``.
 
@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from dllm_decode.samplers.loop import DecodeRun, decode_step
+from dllm_decode.samplers.loop import DecodeRun, run_blocks
 from dllm_decode.samplers.uniform import UniformRun
 from dllm_decode.types import Generation, StepState
 
@@ -107,8 +107,8 @@ def _snapshot(run: DecodeRun, hook: _Proposals | None, g: int) -> Tensor:
 def stream_loop(run: DecodeRun, g: int, *, mask_id: int | None,
                 hook: _Proposals | None = None,
                 provisional: bool = False) -> Iterator[StreamEvent]:
-    """``decode_loop(run)`` as a generator over one row (``run`` of batch 1, ``g`` answer
-    positions kept): yields a ``StreamEvent`` after every step, after every block (with the
+    """The loop (``run_blocks``) of one row (``run`` of batch 1, ``g`` answer positions kept)
+    as events: yields a ``StreamEvent`` after every step, after every block (with the
     tokens that became final) and at the end (``done``, with the ``Generation``)."""
     start = 0  # answer positions [0, start) are final
 
@@ -121,15 +121,11 @@ def stream_loop(run: DecodeRun, g: int, *, mask_id: int | None,
                            _snapshot=shot)
 
     blk = 0
-    for blk in range(run.n_blocks):
-        n_iter = run.start_block(blk)
-        for i in range(n_iter):
-            if not run.sync(i):  # the loop's one host sync per step
-                break
-            decode_step(run, i)
+    for blk, i in run_blocks(run):  # the one loop (its one host sync per step)
+        if i is not None:  # after a step: nothing final yet
             yield make(blk, ())
-        ended = run.end_block(blk)
-        _, be = _spans(run, g)
+            continue
+        _, be = _spans(run, g)  # the block ended
         if be > start:  # one host read per block: the block's tokens
             ids = _tokens(run)[0, run.p + start:run.p + be].tolist()  # type: ignore[attr-defined]
             if mask_id is not None and mask_id in ids:
@@ -137,8 +133,6 @@ def stream_loop(run: DecodeRun, g: int, *, mask_id: int | None,
             event = make(blk, tuple(ids))
             start += len(ids)
             yield event
-        if ended:
-            break
     out = run.finish()
     rest = tuple(out.answer[0, start:g].tolist())
     yield make(blk, rest, done=True, out=out)

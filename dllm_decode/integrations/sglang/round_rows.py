@@ -2,12 +2,13 @@
 
 Rows of a first-done-first-out round are at different steps of their blocks. ``RoundRows``
 packs each row's host integers (batch row, pool slot, step, schedule length, open positions,
-plan row, time-grid row, seed) into one ``[b, 8]`` int64 tensor moved to the device once
+fraction row, time-grid row, seeds, ...) into one int64 tensor moved to the device once
 (pinned, asynchronous on CUDA), and derives what ``StepState`` shows: host scalars when every
 row is at the same step (exactly the library loop's values), else ``[b]`` tensors (for parts
-declaring ``Capabilities(row_steps=True)``). ``Tables`` holds the read-only schedules every
-block of the same shape shares (LLaDA budgets, Dream fractions, the last-step flag; Dream's
-time grid), concatenated so a round gathers its rows' entries in one ``index_select``.
+declaring ``Capabilities(row_steps=True)``). LLaDA budgets and the last-step flag are host
+integers of the table; ``Tables`` holds what must be computed on the device exactly as the
+library's loop computes it (Dream's fractions and time grid), concatenated so a round gathers
+its rows' entries in one ``index_select``.
 No SGLang import.
 """
 
@@ -72,12 +73,14 @@ class RequestBlock:
 
 
 class Tables:
-    """Per-shape schedules of the served blocks, on the device.
+    """Per-shape schedules of the served blocks (Dream's grid), on the device.
 
-    ``plan``: ``[T, 3]`` float64 rows (LLaDA budget, Dream fraction (1 at the last scheduled
-    step), last-scheduled-step flag), one run of ``n_iter`` rows per ``(n_commit, open,
-    n_iter)``; ``times``: ``[T']`` float32, Dream's grid ``linspace(1, eps, n + 1)`` per
-    ``n``. Grown (a ``cat``) the first time a shape is seen.
+    ``fractions``: ``[T]`` float64, the share of the masked positions each step commits (1 at
+    the last scheduled step, 0 in post steps), one run of ``n_iter`` rows per ``(n_commit,
+    n_iter)``; ``times``: ``[T']`` float32, Dream's grid ``linspace(1, eps, n + 1)`` per ``n``;
+    ``after``: ``[K + 1, K]`` bool, row ``s`` the positions ``>= s``. Grown (a ``cat``) the
+    first time a shape is seen. LLaDA budgets and the last-step flag are host integers
+    (``llada_budget``), packed with the round's other values.
     """
 
     def __init__(self, k: int, schedule: str, eps: float, device: torch.device) -> None:
@@ -85,9 +88,9 @@ class Tables:
         #: ``[K + 1, K]`` bool: row ``s`` marks the positions ``>= s`` (a block starting at s)
         self.after = torch.arange(k, device=device)[None] >= torch.arange(k + 1,
                                                                           device=device)[:, None]
-        self.plan = torch.zeros(0, 3, dtype=torch.float64, device=device)
+        self.fractions = torch.zeros(0, dtype=torch.float64, device=device)
         self.times = torch.zeros(0, dtype=torch.float32, device=device)
-        self._plan_at: dict[tuple[int, int, int], int] = {}
+        self._plan_at: dict[tuple[int, int], int] = {}
         self._times_at: dict[int, int] = {}
 
     @staticmethod
@@ -97,27 +100,19 @@ class Tables:
             return 0
         return n_open // n_commit + (step < n_open % n_commit)
 
-    def plan_row(self, n_commit: int, n_open: int, n_iter: int, step: int) -> int:
-        """The plan row of ``step`` (clamped to the last: a step past the schedule finishes
-        the block) for blocks of this shape."""
-        key = (n_commit, n_open, n_iter)
+    def fraction_row(self, n_commit: int, n_iter: int, step: int) -> int:
+        """The row of ``step`` in ``fractions`` (Dream's grid; clamped to the block's last row:
+        a step past the schedule finishes the block) for blocks of ``n_commit`` steps."""
+        key = (n_commit, n_iter)
         at = self._plan_at.get(key)
         if at is None:
-            at = self._plan_at[key] = self.plan.shape[0]
-            self.plan = torch.cat([self.plan, self._plan(n_commit, n_open, n_iter)])
+            at = self._plan_at[key] = self.fractions.shape[0]
+            row = torch.zeros(n_iter, dtype=torch.float64, device=self.device)  # post steps: 0
+            times = sch.dream_times(n_commit, self.eps, self.device)
+            row[:n_commit] = sch.dream_fractions(times).double()
+            row[n_commit - 1] = 1.0  # the last scheduled step commits what is left
+            self.fractions = torch.cat([self.fractions, row])
         return at + min(step, n_iter - 1)
-
-    def _plan(self, n: int, n_open: int, n_iter: int) -> Tensor:
-        plan = torch.zeros(n_iter, 3, dtype=torch.float64, device=self.device)
-        if self.schedule == "dream":
-            fr = sch.dream_fractions(sch.dream_times(n, self.eps, self.device))
-            plan[:n, 1] = fr.double()
-            plan[n - 1, 1] = 1.0
-        else:
-            opens = torch.full((1,), n_open, dtype=torch.long, device=self.device)
-            plan[:n, 0] = sch.llada_budgets(opens, n)[0].double()
-        plan[n - 1:, 2] = 1.0  # the last scheduled step (and any past it) finishes the block
-        return plan
 
     def times_row(self, n_commit: int, step: int) -> int:
         """Row of ``t`` at ``step`` in ``times`` (``s`` is the next row); -1 off the grid."""
@@ -165,7 +160,7 @@ class RoundRows:
                          k if st.done else k - src.open, src.step == 0,
                          src.step >= src.n_commit - 1,
                          tables.llada_budget(src.n_commit, src.open, src.step),
-                         tables.plan_row(src.n_commit, src.open, src.n_iter, src.step)
+                         tables.fraction_row(src.n_commit, src.n_iter, src.step)
                          if dream else 0,
                          max(tables.times_row(src.n_commit, src.step), 0), key,
                          mix_seeds_int(key, PROPOSAL_STREAM) if seeded else 0,
@@ -182,8 +177,8 @@ class RoundRows:
         self.reset = self.cols[RESET]
         #: ``[b]`` bool: the block's last scheduled step (commit whatever is left)
         self.last = self.cols[LAST].bool()
-        #: Dream's plan rows (fraction per step) on its grid, else ``None``
-        self.plan = tables.plan.index_select(0, self.cols[PLAN]).unbind(1) if dream else None
+        #: ``[b]`` float64 Dream fraction of the masked positions this step commits, else None
+        self.fraction = tables.fractions.index_select(0, self.cols[PLAN]) if dream else None
         #: ``[b]`` int64 per-request stream keys of this step: the policy's
         #: (``mix_seeds(seed, step)``) and the proposal's (that key mixed once more)
         self.row_seeds = self.cols[SEED] if seeded else None
@@ -218,8 +213,8 @@ class RoundRows:
         cols, st0, tables = self.cols, self.st0, self.tables
         budget = None
         if self.timed:
-            budget = self.cols[BUDGET] if self.plan is None else (
-                masked.sum(1, dtype=torch.float32) * self.plan[1].float()).long()
+            budget = self.cols[BUDGET] if self.fraction is None else (
+                masked.sum(1, dtype=torch.float32) * self.fraction.float()).long()
         on_grid = tables.schedule == "dream" and st0.step < st0.n_commit  # see groups
         times, lazy = None, {}
         if self.per_row:
