@@ -113,11 +113,14 @@ class Served:
             max_running_requests=max_batch, mem_fraction_static=0.6, random_seed=0,
             log_level="error", **kwargs)
 
-    def generate(self, batch: list[list[int]], max_new: int) -> tuple[list[list[int]], float]:
-        """Greedy tokens of ``batch`` (EOS ignored) and the wall seconds."""
+    def generate(self, batch: list[list[int]], max_new: int, temperature: float = 0.0
+                 ) -> tuple[list[list[int]], float]:
+        """Tokens of ``batch`` (EOS ignored; greedy unless ``temperature``, which must be the
+        served YAML's: DllmDecode refuses a request asking for other sampling) and the wall
+        seconds."""
         start = time.perf_counter()
         out = self.engine.generate(input_ids=batch, sampling_params={
-            "max_new_tokens": max_new, "temperature": 0.0, "ignore_eos": True})
+            "max_new_tokens": max_new, "temperature": temperature, "ignore_eos": True})
         return [list(o["output_ids"]) for o in out], time.perf_counter() - start
 
     def close(self) -> None:

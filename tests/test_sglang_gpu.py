@@ -36,8 +36,9 @@ def served_tokens(bench, ckpt: Path, tmp_path: Path, algorithm: str, config: dic
                   batch: list[list[int]], max_new: int) -> list[list[int]]:
     served = bench.Served(str(ckpt), algorithm, config, dummy=True, max_batch=len(batch),
                           folder=tmp_path)
-    try:
-        out, _ = served.generate(batch, max_new)
+    try:  # the request asks for the YAML's own temperature (other sampling is refused)
+        out, _ = served.generate(batch, max_new,
+                                 float(config.get("params", {}).get("temperature", 0.0)))
     finally:
         served.close()
     return out
