@@ -78,6 +78,8 @@ CASES: dict[str, tuple[str, dict[str, Any], dict[str, Any]]] = {
     "entropy_threshold": ("entropy_threshold", {}, {}),
     "ete": ("ete", {"tau": 0.9, "budget_nats": 0.5, "explore": 1}, {}),
     "fastdllm_v2": ("fastdllm_v2", {"threshold": 0.5, "small_block_size": 4}, {}),
+    # a sub-block that does not divide the block (the per-row path's other branch)
+    "fastdllm_v2_sub3": ("fastdllm_v2", {"threshold": 0.5, "small_block_size": 3}, {}),
     "fastdllm_v2_sampled": ("fastdllm_v2", {"threshold": 0.3, "small_block_size": 4,
                                             "mask_in_softmax": True}, {"temperature": 0.8}),
     "llada2": ("llada2", {"threshold": 0.6}, {}),
