@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import Tensor
 
+from dllm_decode.integrations.sglang.pool import RequestPool, gather_rows
 from dllm_decode.kernels import mix_seeds
 from dllm_decode.policies import make_policy
 from dllm_decode.policies.base import bind_of, init_memory_of
@@ -25,14 +26,7 @@ from dllm_decode.policies.fastdllm2 import SubBlockThreshold
 from dllm_decode.policies.history import KLASS
 from dllm_decode.policies.learn2pd import Learn2PD, filter_window, filter_windows
 from dllm_decode.policies.learn2pd_filter import L2PFilter
-from dllm_decode.policies.rows import (
-    lookup,
-    put_memory,
-    reset_memory,
-    span_mask,
-    take_memory,
-    uniform,
-)
+from dllm_decode.policies.rows import lookup, span_mask, uniform
 from dllm_decode.policies.sched import SchED
 from dllm_decode.policies.window import EosCut
 from dllm_decode.types import Proposal, ScoreKind, Selection, StepState
@@ -285,7 +279,7 @@ def _run(selector: Any, stopper: Any, truncator: Any, *, total_given: bool = Tru
     sel_caps = caps.selector
     timed = sel_caps.budgeted or sel_caps.proposes_after_select  # Dream's grid: origin
     world, n = _world(), len(ROWS)
-    pool = init_memory_of(selector, n, K, torch.device("cpu"))
+    pool = RequestPool(selector, K, n, torch.device("cpu"))  # SGLang's pool, slot r = row r
     alone: list[Any] = [None] * n
     done = [False] * n
     seen = dict.fromkeys(("mixed", "beyond", "stop", "cut", "edit", "drawn", "rows"), 0)
@@ -295,8 +289,7 @@ def _run(selector: Any, stopper: Any, truncator: Any, *, total_given: bool = Tru
         for r, (_, _, join) in enumerate(ROWS):
             if join == rnd:  # a request joins: fresh memory, in the pool and alone
                 alone[r] = init_memory_of(selector, 1, K, torch.device("cpu"))
-                reset_memory(pool, init_memory_of(selector, 1, K, torch.device("cpu")),
-                             torch.tensor([r]))
+                pool.reset(torch.tensor([r]))
         # each position's logits drift around a fixed preference (history rules can fire)
         logits = base + torch.randn(n, K, V, generator=gen)
         active = [r for r in range(n) if ROWS[r][2] <= rnd and not done[r]]
@@ -306,7 +299,7 @@ def _run(selector: Any, stopper: Any, truncator: Any, *, total_given: bool = Tru
         seen["rows"] += len(active)
         batch_logits = logits[active].clone()
         slots = torch.tensor(active)
-        memory = take_memory(pool, slots)
+        memory = pool.gather(slots)
         if sel_caps.fuses_logits:
             bs = torch.tensor([ROWS[r][0] for r in active])
             masked = (world.canvas[active] == MASK) & (torch.arange(K)[None] >= bs[:, None])
@@ -316,7 +309,8 @@ def _run(selector: Any, stopper: Any, truncator: Any, *, total_given: bool = Tru
         batch = _decide(parts, _state(world, active, rnd, batch_logits, memory,
                                       sel_caps.budgeted, sel_caps.edits, True, total_given,
                                       timed))
-        put_memory(pool, memory, slots, n)
+        if memory is not None:
+            pool.scatter(slots, memory)
         for j, r in enumerate(active):
             row_logits = logits[r:r + 1].clone()
             if sel_caps.fuses_logits:
@@ -331,7 +325,7 @@ def _run(selector: Any, stopper: Any, truncator: Any, *, total_given: bool = Tru
             for key, value in one.items():
                 assert torch.equal(batch[key][j:j + 1], value), \
                     f"round {rnd}, row {r} (step {world.steps[r]}): {key} differs"
-            _same_memory(take_memory(pool, torch.tensor([r])), alone[r], f"row {r}")
+            _same_memory(pool.gather(torch.tensor([r])), alone[r], f"row {r}")
             _count(seen, state, one)
             _advance(world, r, state, one)
             done[r] = not bool((world.canvas[r] == MASK).any())
@@ -450,19 +444,30 @@ class _Outer:
     counter: int = 0
 
 
+class _OuterPart:
+    """A part whose memory is an ``_Outer`` (fresh rows: ``a`` -1, ``b`` 5)."""
+
+    def init_memory(self, batch: int, length: int, device: torch.device) -> _Outer:
+        if batch == 1:
+            return _Outer(_Inner(torch.tensor([-1.0])), torch.full((1, 2), 5.0))
+        return _Outer(_Inner(torch.arange(float(batch))), torch.zeros(batch, 2))
+
+
 def test_memory_gather_scatter_and_reset() -> None:
-    pool = _Outer(_Inner(torch.arange(4.0)), torch.zeros(4, 2))
-    part = take_memory(pool, torch.tensor([3, 1]))
+    requests = RequestPool(_OuterPart(), K, 4, torch.device("cpu"))
+    pool = requests.memory
+    part = requests.gather(torch.tensor([3, 1]))
     assert type(part) is _Outer and part.inner.a.tolist() == [3.0, 1.0]
     part.b.add_(1.0)
     part.inner.lazy = torch.tensor([[7], [8]])  # allocated during the call
     part.inner.a = part.inner.a * 10  # a field replaced by a new tensor
-    put_memory(pool, part, torch.tensor([3, 1]), 4)
+    requests.scatter(torch.tensor([3, 1]), part)
+    pool = requests.memory
     assert pool.inner.a.tolist() == [0.0, 10.0, 2.0, 30.0]
     assert pool.inner.lazy.tolist() == [[0], [8], [0], [7]]
     assert pool.b.sum(1).tolist() == [0.0, 2.0, 0.0, 2.0]
-    reset_memory(pool, _Outer(_Inner(torch.tensor([-1.0])), torch.full((1, 2), 5.0)),
-                 torch.tensor([1]))
+    requests.reset(torch.tensor([1]))
+    pool = requests.memory
     assert pool.inner.a.tolist() == [0.0, -1.0, 2.0, 30.0]
     assert pool.inner.lazy.tolist() == [[0], [0], [0], [7]]
     assert pool.b[1].tolist() == [5.0, 5.0]
@@ -556,11 +561,11 @@ def test_klass_warm_up_reads_each_rows_block_step() -> None:
     batch = klass.select(_plain(logits, torch.tensor(steps), pool))
     sizes = []
     for j, step in enumerate(steps):
-        mem = take_memory(settled(4), torch.tensor([j]))
+        mem = gather_rows(settled(4), torch.tensor([j]))
         mem.block, mem.block_step = (-1, 0) if step == 0 else (0, step - 1)
         alone = klass.select(_plain(logits[j:j + 1], step, mem))
         assert torch.equal(batch[j:j + 1], alone)
-        _same_memory(take_memory(pool, torch.tensor([j])), mem, f"row {j}")
+        _same_memory(gather_rows(pool, torch.tensor([j])), mem, f"row {j}")
         sizes.append(int(alone.sum()))
     assert sizes[0] == sizes[1] == 1 and sizes[2] > 1  # warm-up, then the ready sets
 

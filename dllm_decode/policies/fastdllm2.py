@@ -44,7 +44,7 @@ from torch import Tensor
 from dllm_decode.kernels.reference import filter_logits
 from dllm_decode.policies.base import lowest
 from dllm_decode.policies.capabilities import Capabilities
-from dllm_decode.policies.rows import as_rows, per_row, positions, uniform
+from dllm_decode.policies.rows import as_rows, constant, per_row, positions, uniform
 from dllm_decode.policies.validate import check_fields, check_range
 from dllm_decode.types import Selection, StepState
 
@@ -194,22 +194,9 @@ class SubBlockThreshold:
         return tokens, prob
 
 
-_SUB_INDEX: dict[tuple[int, int, torch.device], Tensor] = {}
-
-
 def _sub_index(length: int, sub: int, device: torch.device) -> Tensor:
-    """``[1, L]`` int64 ``pos // sub``: a read-only constant per length, sub-block size and
-    device (``rows.positions``'s rules: cached in eager mode, built under ``torch.compile``)."""
-    key = (length, sub, device)
-    out = _SUB_INDEX.get(key)
-    if out is None or torch.compiler.is_compiling():
-        out = positions(length, device) // sub
-        capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-        if not (torch.compiler.is_compiling() or capturing):
-            if len(_SUB_INDEX) > 64:
-                _SUB_INDEX.clear()
-            _SUB_INDEX[key] = out
-    return out
+    """``[1, L]`` int64 ``pos // sub``: a read-only ``rows.constant``."""
+    return constant(("sub_index", length, sub, device), lambda: positions(length, device) // sub)
 
 
 def fastdllm_v2_policy(threshold: float = 0.9, small_block_size: int = 8,

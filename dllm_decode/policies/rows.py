@@ -25,9 +25,9 @@ never from ``state.generator``. The engine hands fresh seeds every step
 
 **Memory rules** (what ``init_memory`` returns, for a part declaring ``row_steps``). The engine
 keeps one pool ``init_memory(N, K, device)`` (N = the most requests it runs, K = its block) and
-for each call gathers the rows of the requests in it (``take_memory``), calls the policy, and
-scatters them back (``put_memory``). So a memory must be a dataclass (or ``None``) whose fields
-are
+for each call gathers the rows of the requests in it, calls the policy, and scatters them back
+(SGLang's: ``integrations.sglang.pool.RequestPool``). So a memory must be a dataclass (or
+``None``) whose fields are
 
 * tensors with the request as the leading dim (``[B, ...]``), updated in place or by assigning
   a new tensor of the same shape to the field (both are written back);
@@ -40,12 +40,12 @@ are
 
 The memory object itself is never replaced in ``select`` (only its fields). A request's memory
 is per block inside the engine (its canvas is the block): the engine resets a request's rows to
-``init_memory(1, K, device)``'s values when its block starts (``reset_memory``).
+``init_memory(1, K, device)``'s values when its block starts.
 """
 
 from __future__ import annotations
 
-import dataclasses
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -54,8 +54,8 @@ from torch import Tensor
 from dllm_decode.kernels import mix_seeds, row_uniform
 from dllm_decode.types import StepState
 
-__all__ = ["as_rows", "column", "last_step", "lookup", "per_row", "positions", "put_memory",
-           "reset_memory", "span_mask", "table", "take_memory", "uniform"]
+__all__ = ["as_rows", "column", "constant", "last_step", "lookup", "per_row", "positions",
+           "span_mask", "table", "uniform"]
 
 
 def per_row(x: Any) -> bool:
@@ -81,24 +81,29 @@ def column(x: int | float | Tensor) -> int | float | Tensor:
     return x[:, None] if per_row(x) else x
 
 
-_POSITIONS: dict[tuple[int, torch.device], Tensor] = {}
+_CONSTANTS: dict[tuple[Any, ...], Tensor] = {}
+
+
+def constant(key: tuple[Any, ...], make: Callable[[], Tensor]) -> Tensor:
+    """A read-only tensor made by ``make()`` once per ``key`` in eager mode (no op per call),
+    made afresh under ``torch.compile`` or while a CUDA graph is captured (never cached then).
+    ``key`` names what it holds and its device. Never write into it."""
+    out = _CONSTANTS.get(key)
+    if out is not None and not torch.compiler.is_compiling():
+        return out
+    out = make()
+    capturing = out.device.type == "cuda" and torch.cuda.is_current_stream_capturing()
+    if not (torch.compiler.is_compiling() or capturing):
+        if len(_CONSTANTS) > 128:
+            _CONSTANTS.clear()
+        _CONSTANTS[key] = out
+    return out
 
 
 def positions(length: int, device: torch.device) -> Tensor:
-    """``[1, L]`` int64 canvas positions ``0 .. L - 1``: a read-only constant, made once per
-    length and device in eager mode (no op per call), built in place under ``torch.compile``
-    or while a CUDA graph is captured. Never write into it."""
-    key = (length, device)
-    out = _POSITIONS.get(key)
-    if out is not None and not torch.compiler.is_compiling():
-        return out
-    out = torch.arange(length, device=device)[None]
-    capturing = device.type == "cuda" and torch.cuda.is_current_stream_capturing()
-    if not (torch.compiler.is_compiling() or capturing):
-        if len(_POSITIONS) > 64:
-            _POSITIONS.clear()
-        _POSITIONS[key] = out
-    return out
+    """``[1, L]`` int64 canvas positions ``0 .. L - 1`` (a ``constant``)."""
+    return constant(("positions", length, device),
+                    lambda: torch.arange(length, device=device)[None])
 
 
 def span_mask(state: StepState, length: int | None = None) -> Tensor:
@@ -153,60 +158,3 @@ def uniform(state: StepState, shape: tuple[int, ...], stream: int = 0) -> Tensor
         raise ValueError("StepState.row_seeds is None: per-row draws need row seeds (use "
                          "state.generator otherwise)")
     return row_uniform(seeds if stream == 0 else mix_seeds(seeds, stream), shape)
-
-
-# ---- memory gathered and scattered by rows -------------------------------------------------
-def take_memory(memory: Any, slots: Tensor) -> Any:
-    """A memory of the same class holding the rows ``slots [b]`` (int64) of the pool
-    ``memory``: each tensor field ``index_select(0, slots)``, dataclass fields recursively,
-    other fields as they are."""
-    if not dataclasses.is_dataclass(memory) or isinstance(memory, type):
-        return memory
-    values = {}
-    for f in dataclasses.fields(memory):
-        value = getattr(memory, f.name)
-        if isinstance(value, Tensor):
-            value = value.index_select(0, slots)
-        elif dataclasses.is_dataclass(value):
-            value = take_memory(value, slots)
-        values[f.name] = value
-    out = object.__new__(type(memory))
-    for name, value in values.items():
-        object.__setattr__(out, name, value)
-    return out
-
-
-def put_memory(pool: Any, part: Any, slots: Tensor, size: int) -> None:
-    """Write the rows of ``part`` (a memory from ``take_memory(pool, slots)``, after the call)
-    back into ``pool`` (``size`` = N rows) at ``slots``: ``index_copy_`` of every tensor
-    field; a field that is ``None`` in the pool and a tensor in ``part`` is allocated as zeros
-    ``[N, ...]`` first."""
-    if not dataclasses.is_dataclass(pool) or isinstance(pool, type):
-        return
-    for f in dataclasses.fields(pool):
-        mine, theirs = getattr(pool, f.name), getattr(part, f.name)
-        if isinstance(theirs, Tensor):
-            if mine is None:
-                mine = theirs.new_zeros((size, *theirs.shape[1:]))
-                object.__setattr__(pool, f.name, mine)
-            mine.index_copy_(0, slots, theirs.to(mine.dtype))
-        elif dataclasses.is_dataclass(mine):
-            put_memory(mine, theirs, slots, size)
-
-
-def reset_memory(pool: Any, fresh: Any, slots: Tensor) -> None:
-    """Reset the rows ``slots [b]`` of ``pool`` to a fresh memory's (``fresh``: the part's
-    ``init_memory(1, K, device)``, broadcast over the slots); a lazily allocated field that
-    ``fresh`` holds as ``None`` gets zeros there."""
-    if not dataclasses.is_dataclass(pool) or isinstance(pool, type):
-        return
-    for f in dataclasses.fields(pool):
-        mine, new = getattr(pool, f.name), getattr(fresh, f.name)
-        if isinstance(mine, Tensor):
-            if isinstance(new, Tensor):
-                rows = new.to(mine.dtype).expand(slots.shape[0], *mine.shape[1:])
-            else:
-                rows = mine.new_zeros((slots.shape[0], *mine.shape[1:]))
-            mine.index_copy_(0, slots, rows)
-        elif dataclasses.is_dataclass(mine):
-            reset_memory(mine, new, slots)

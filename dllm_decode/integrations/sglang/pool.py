@@ -69,6 +69,17 @@ def set_leaf(obj: Any, path: Path, value: Any) -> Any:
     return obj
 
 
+def gather_rows(memory: Any, slots: Tensor, rows: int | None = None) -> Any:
+    """A copy of ``memory`` (its class, every dataclass on the way) whose per-row Tensor
+    leaves (dim 0 of size ``rows``; any size when ``None``) are the rows ``slots [b]``; other
+    leaves as they are."""
+    def per_row(v: Any) -> bool:
+        return isinstance(v, Tensor) and v.dim() > 0 and (rows is None or v.shape[0] == rows)
+
+    return with_leaves(memory, {path: v.index_select(0, slots) if per_row(v) else v
+                                for path, v in leaves(memory)})
+
+
 def nbytes(obj: Any) -> int:
     """Bytes of every Tensor leaf of ``obj``."""
     return sum(v.numel() * v.element_size() for _, v in leaves(obj) if isinstance(v, Tensor))
@@ -182,9 +193,7 @@ class RequestPool:
         """The policy's memory for the rows ``slots [b]`` (a new object; the pool's is kept)."""
         if not self.has_memory:
             return None
-        values = {path: v.index_select(0, slots) if self._per_row(v) else v
-                  for path, v in leaves(self.memory)}
-        return with_leaves(self.memory, values)
+        return gather_rows(self.memory, slots, self.capacity)
 
     def scatter(self, slots: Tensor, memory: Any) -> None:
         """Write the rows' memory back after a call: every per-row Tensor leaf into the pool

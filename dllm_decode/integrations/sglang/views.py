@@ -107,12 +107,6 @@ def request_seed(base: int, rid: str, block_start: int) -> int:
     return int.from_bytes(hashlib.blake2b(text, digest_size=8).digest(), "little") >> 1
 
 
-def index_of(rows: list[int], device: torch.device) -> Tensor:
-    """``rows`` as an index tensor on ``device`` (an asynchronous copy from pinned memory)."""
-    host = torch.tensor(rows, dtype=torch.long, pin_memory=device.type == "cuda")
-    return host.to(device, non_blocking=True)
-
-
 def take_rows(prop: Proposal, idx: Tensor | None) -> Proposal:
     """The rows ``idx`` of a ``Proposal`` (every field it has)."""
     if idx is None:
