@@ -100,6 +100,42 @@ CONFIGS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("dus", "a=4 (2 levels)", "dus", {"base": 4}),
     ("dus", "a=2, skip < 0.3", "dus", {"base": 2, "threshold": 0.3}),
     ("dus", "a=2, confidence order", "dus", {"base": 2, "order": "confidence"}),
+    # Streaming-dLLM (methods-2026-ii.md section 4): the preset on its suffix-pruning plan
+    # (the oracle has no K/V cache: the selector and the exit alone, on cache='none'); the
+    # paper's blocks of 32 and window 96 at G = 256 scaled to G = 16: blocks of 2-4, window 4-6
+    ("streaming_dllm", "one block (default)", "streaming_dllm", {}),
+    ("streaming_dllm", "B=4, W=4", "streaming_dllm", {"block_length": 4, "window_tokens": 4}),
+    ("streaming_dllm", "B=4, W=4, alpha=0.6", "streaming_dllm",
+     {"block_length": 4, "window_tokens": 4, "alpha": 0.6}),
+    ("streaming_dllm", "B=2, W=6", "streaming_dllm", {"block_length": 2, "window_tokens": 6}),
+    ("streaming_dllm", "cache none, B=4", "streaming_dllm:none", {"block_length": 4}),
+    # DSB (methods-2026-ii.md section 2): threshold 0.9 in the sliding window; the scripts'
+    # B = 32 covers the 16-token answer (= threshold 0.9), so also B = 4 and 8, greedy / const
+    ("dsb", "greedy B=32 (default)", "dsb", {}),
+    ("dsb", "greedy B=8", "dsb", {"block": 8}),
+    ("dsb", "greedy B=4", "dsb", {"block": 4}),
+    ("dsb", "const B=4", "dsb_const", {"block": 4}),
+    # SAID (methods-2026-ii.md section 5): v1 (scaffold = even positions, probe at 0.8, easy
+    # 1 + hard 3 forwards; the scripts' steps = G / 2 is 8 here) and the block variant (K = 3,
+    # rec 2; the scripts' steps = G / 4 is 4 here), with the code's idle forwards, and v1 without
+    ("said", "v1 steps=8 (scripts' G/2)", "said", {"steps": 8}),
+    ("said", "v1 steps=4", "said", {"steps": 4}),
+    ("said", "v1 steps=2", "said", {"steps": 2}),
+    ("said", "v1 steps=4, no idle forward", "said", {"steps": 4, "idle_forwards": False}),
+    ("said_block", "K=3 steps=4 (scripts' G/4)", "said_block", {"steps": 4}),
+    ("said_block", "K=3 steps=6", "said_block", {"steps": 6}),
+    ("said_block", "K=3 steps=8", "said_block", {"steps": 8}),
+    ("said_block", "K=2 rec=1 steps=4", "said_block", {"steps": 4, "num_stages": 2,
+                                                         "rec_steps": 1}),
+    # DAWN (methods-2026-ii.md section 1): the authors' taus are absolute (tuned at L ~ 300+);
+    # at the test bed's L ~ 30 uniform attention (1/L ~ 0.03) exceeds tau_sink 0.01, every
+    # column is a sink and DAWN is "c >= 0.9, else the conflict-free c >= 0.7 set" with no
+    # edges, i.e. threshold 0.7; the scaled rows put tau_sink at ~2x and tau_edge ~3x uniform
+    ("dawn", "default (sink .01, edge .07)", "dawn", {}),
+    ("dawn", "scaled sink .07, edge .1", "dawn", {"tau_sink": 0.07, "tau_edge": 0.1}),
+    ("dawn", "scaled sink .07, edge .07", "dawn", {"tau_sink": 0.07, "tau_edge": 0.07}),
+    ("dawn", "scaled, tau_low .8", "dawn", {"tau_sink": 0.07, "tau_edge": 0.1,
+                                             "tau_low": 0.8}),
 ]
 
 
@@ -114,6 +150,8 @@ def load(name: str) -> Any:
 
 
 def policy_of(policy: str, kwargs: dict[str, Any]) -> tuple[Any, dict[str, Any]]:
+    if policy == "streaming_dllm:none":  # the selector and the exit without the plan
+        return "streaming_dllm", {**kwargs, "cache": "none"}
     if policy == "threshold+eotp":
         from dllm_decode.policies.learn2pd import with_eotp
         from dllm_decode.policies.resolve import make_policy
@@ -134,6 +172,13 @@ def skip_reason(model: Any, policy: str) -> str | None:
             model.new_cache(1, 1)
         except (AttributeError, NotImplementedError):
             return "no K/V cache (Window-Diffusion runs on cache='window')"
+    if policy == "streaming_dllm":
+        try:
+            model.new_cache(1, 1)
+        except (AttributeError, NotImplementedError):
+            return "no K/V cache (Streaming-dLLM's suffix pruning is cache='streaming')"
+    if policy == "dawn" and not callable(getattr(model, "capture_attention", None)):
+        return "no attention maps (DAWN reads the model's attention; the oracle has none)"
     if policy == "learn2pd":
         from dllm_decode.policies.learn2pd_filter import find_bundled_filter
 

@@ -356,8 +356,8 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _run(argv: list[str]) -> int:
-    if len(argv) >= 2 and argv[0] == "train" and argv[1] in ("tiny", "testbed", "learn2pd",
-                                                             "convert"):
+    if len(argv) >= 2 and argv[0] == "train" and argv[1] in ("tiny", "testbed", "testbed-long",
+                                                             "learn2pd", "convert"):
         from dllm_decode.train.cli import run_train  # trainer flags pass through untouched
 
         return run_train(argv[1], argv[2:])

@@ -40,13 +40,14 @@ class SamplerConfig:
             canvases (``None``: the policy's budget per canvas).
         temperature: 0 -> argmax proposals; > 0 -> sampling (float64 Gumbel-max for LLaDA).
         cache: which positions each forward recomputes (``none``/``prefix``/``dual``/
-            ``block_causal``/``window``/``sub_block``/``dllm_cache``;
+            ``block_causal``/``window``/``sub_block``/``dllm_cache``/``dsb``/``streaming``;
             ``dllm_decode.cache.plans``).
         refresh_every: with ``prefix``/``dual``, also refresh the cache every R steps inside
             a block (``None``: only at block start, as Fast-dLLM does); with ``window``, the
             phase length (Window-Diffusion ``refresh_cycle``; ``None``: 32); with
             ``dllm_cache``, the response's refresh interval ``K_r`` (``None``: 7 for LLaDA, 2
-            for Dream, the authors' GSM8K settings).
+            for Dream, the authors' GSM8K settings); with ``dsb``, the DSB Cache's refresh
+            period B in commits (``None``: 32; it must equal the ``dsb`` selector's ``block``).
         prompt_refresh_every: ``dllm_cache``: the prompt's refresh interval ``K_p`` (``None``:
             50 for LLaDA, 25 for Dream).
         refresh_ratio: ``dllm_cache``: the share ``rho`` of response tokens recomputed between
@@ -57,7 +58,9 @@ class SamplerConfig:
             ``None``: the policy's preference (``causal_prefix`` attribute), else off.
         window_tokens: ``cache="window"``: external window, the first W masked positions kept
             (stale) in attention besides decoded ones (``None``: 128 for Dream-family models,
-            else 64).
+            else 64); ``cache="streaming"``: masks kept after the block (``0``: only the
+            tail; ``None``: 96 for LLaDA, 128 from 512 tokens on, 32 for Dream);
+            ``cache="dsb"``: the DSB window's span cap (``None``: greedy, unbounded).
         active_tokens: ``cache="window"``: internal window, the first A masked positions
             recomputed and eligible on pruned steps (``None``: 16).
         window_truncate: ``cache="window"``: full steps also drop the far field (Dream's canvas
@@ -192,8 +195,10 @@ class SamplerConfig:
                   f"{self.cache.value!r}: pass cache='dllm_cache' or leave {name}=None")
         for name in ("window_tokens", "active_tokens"):
             value = getattr(self, name)
-            check(value is None or (isinstance(value, int) and value >= 1),
-                  f"{name} must be an int >= 1 or None, got {value!r}")
+            low = 0 if name == "window_tokens" and self.cache is CacheMode.STREAMING else 1
+            check(value is None or (isinstance(value, int) and not isinstance(value, bool)
+                                    and value >= low),
+                  f"{name} must be an int >= {low} or None, got {value!r}")
         if self.window_tokens is not None and self.active_tokens is not None:
             check(self.active_tokens <= self.window_tokens,
                   f"active_tokens ({self.active_tokens}) must be <= window_tokens "

@@ -41,6 +41,9 @@ class CacheMode(str, Enum):
     WINDOW = "window"
     SUB_BLOCK = "sub_block"
     DLLM_CACHE = "dllm_cache"
+    DSB = "dsb"
+    #: Streaming-dLLM: prefix K/V + the block + a suffix window + the tail (``cache.streaming``)
+    STREAMING = "streaming"
 
 
 class Impl(str, Enum):
@@ -337,6 +340,10 @@ class StepState:
     mask_logit: Tensor | None = None
     reference_order: bool = False
     row_seeds: Tensor | None = None
+    #: ``[B, L, L]`` (query row, key column) head-averaged softmax attention of the model's
+    #: last layers, averaged over them, from this step's forward (only for selectors that
+    #: declare ``Capabilities(attention_maps=n)``, else ``None``; DAWN)
+    attention: Tensor | None = None
 
 
 @dataclass

@@ -46,11 +46,13 @@ def _model(name: str) -> Any:
 
 def _homes(name: str) -> list[tuple[str, str]]:
     """(model, cache) pairs a preset runs on."""
-    need = capabilities_of(build(name).selector).requires_attention
+    caps = capabilities_of(build(name).selector)
     sdar = [("tiny-sdar", "none"), ("tiny-sdar", "block_causal")]
-    if need == "block_causal":
+    if caps.requires_attention == "block_causal":
         return sdar
     own = "tiny-dream" if name in DREAM_NAMES or name == "window_dream" else "tiny-llada"
+    if caps.attention_maps:  # DAWN reads the L x L maps of an uncached forward
+        return [(own, "none")]
     return [(own, "none"), (own, "dual")] + (sdar if name in ALSO_BLOCK_CAUSAL else [])
 
 

@@ -36,6 +36,9 @@ DECLARED: dict[tuple[str, tuple[tuple[str, Any], ...]], str] = {
     ("maskgit_plus", ()): "fast_dllm",  # low_confidence's selector (Dream samples categorically)
     ("random", ()): "fast_dllm",
     ("frechet", ()): "fast_dllm_pp",
+    # Streaming-dLLM's loop is a fork of Fast-dLLM's prefix loop (its cached step draws a
+    # discarded Gumbel tensor before get_transfer_index draws its own, LLaDA-1.5/generate.py)
+    ("streaming_dllm", ()): "fast_dllm",
 }
 #: variants of the Fast-dLLM rules that are no Fast-dLLM loop
 UNDECLARED = [("threshold", {"score": "margin"}), ("threshold", {"tie_window": 1e-5}),

@@ -15,8 +15,10 @@ from typing import Any
 from torch import Tensor
 
 from dllm_decode.cache.dllm_cache import dllm_cache_plan
+from dllm_decode.cache.dsb import dsb_plan
 from dllm_decode.cache.kv import BlockKVCache
 from dllm_decode.cache.plans import ForwardPlan, forward_plan
+from dllm_decode.cache.streaming import streaming_plan
 from dllm_decode.cache.sub_block import sub_block_plan
 from dllm_decode.cache.window import window_plan
 from dllm_decode.types import CacheMode, DiffusionLM
@@ -30,6 +32,8 @@ PLANS: dict[CacheMode, Callable[..., ForwardPlan]] = {
     CacheMode.SUB_BLOCK: sub_block_plan,
     CacheMode.WINDOW: window_plan,
     CacheMode.DLLM_CACHE: dllm_cache_plan,
+    CacheMode.DSB: dsb_plan,
+    CacheMode.STREAMING: streaming_plan,
 }
 
 

@@ -325,6 +325,15 @@ class DecoderLM(nn.Module):
 
         return feature_forward(self, tokens, positions, store, **plan)
 
+    def capture_attention(self, layers: int) -> object:
+        """A context (``models.attention_maps.AttentionCapture``) in which forwards keep the
+        head-averaged softmax attention of the last ``layers`` layers (``.mean()``: ``[B, N,
+        N]`` averaged over them); checked now (``ValueError``: layers this model cannot
+        capture). DAWN's attention maps (``Capabilities.attention_maps``)."""
+        from dllm_decode.models.attention_maps import capture_attention
+
+        return capture_attention(self, layers)
+
     def _block_size_view(self, block_size: int) -> DecoderLM:
         """A view of the same weights whose spec has another ``block_size`` (the families'
         ``with_block_size``)."""

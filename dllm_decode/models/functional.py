@@ -91,3 +91,18 @@ def kernel_attention(q: Tensor, k: Tensor, v: Tensor, k_cache: Tensor, v_cache: 
     return kernels.block_attention(q, k_cache, v_cache, torch.zeros_like(full), full,
                                    kv_mask=mask, sm_scale=1.0 / math.sqrt(q.shape[-1]),
                                    impl=impl).out
+
+
+def attention_probs(q: Tensor, k: Tensor, mask: Tensor | None) -> Tensor:
+    """Softmax attention probabilities of ``q [B, H, N, D]`` over ``k [B, H_kv, Lk, D]``
+    (GQA: keys repeated per head group), scale ``1/sqrt(D)``, averaged over the heads ->
+    ``[B, N, Lk]`` in ``q``'s dtype (``mask`` as ``sdpa``'s; hidden keys get probability 0).
+    What SDPA computes and never materialises; DAWN's attention maps
+    (``models.attention_maps``)."""
+    if q.shape[1] != k.shape[1]:
+        k = k.repeat_interleave(q.shape[1] // k.shape[1], dim=1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    if mask is not None:
+        keep = mask[:, None, None, :] if mask.dim() == 2 else mask[:, None]
+        scores = scores.masked_fill(~keep, -torch.inf)
+    return torch.softmax(scores, dim=-1).mean(dim=1)

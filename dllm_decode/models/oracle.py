@@ -378,19 +378,21 @@ class WaitingLineOracle(nn.Module):
         return logits if hidden_rows is None else logits[:, hidden_rows]
 
 
-def visible_keys(mask: Tensor | None, b: int, n: int, device: torch.device) -> Tensor:
+def visible_keys(mask: Tensor | None, b: int, n: int, device: torch.device, *,
+                 refused: str = REFUSED, use_instead: str = USE_INSTEAD) -> Tensor:
     """The keys ``[B, N]`` (bool) every query of a plain full-visibility ``mask`` sees
-    (``None``: all of them); any other mask is refused (see ``WaitingLineOracle.forward``)."""
+    (``None``: all of them); any other mask is refused (see ``WaitingLineOracle.forward``;
+    ``refused`` / ``use_instead`` word the error for another oracle)."""
     if mask is None:
         return torch.ones(b, n, dtype=torch.bool, device=device)
     if mask.dtype != torch.bool or tuple(mask.shape) not in ((b, n), (b, n, n)):
-        raise ValueError(f"{REFUSED}: the mask must be bool [B, N] = {[b, n]} or [B, N, N] = "
+        raise ValueError(f"{refused}: the mask must be bool [B, N] = {[b, n]} or [B, N, N] = "
                          f"{[b, n, n]} (keys = the fed canvas); got {mask.dtype} "
-                         f"{list(mask.shape)}{USE_INSTEAD}")
+                         f"{list(mask.shape)}{use_instead}")
     if mask.dim() == 3:
         if not bool((mask == mask[:, :1]).all()):
-            raise ValueError(f"{REFUSED}: the mask lets queries see different keys (packed "
-                             f"branches, a shadow block or a verifier's rows){USE_INSTEAD}")
+            raise ValueError(f"{refused}: the mask lets queries see different keys (packed "
+                             f"branches, a shadow block or a verifier's rows){use_instead}")
         mask = mask[:, 0]
     return mask.to(device)
 

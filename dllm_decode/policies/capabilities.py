@@ -34,7 +34,7 @@ from typing import Any, Final
 from dllm_decode.types import OPTIONAL_FIELDS, PROPOSAL_FIELDS, ScoreKind
 
 _CACHES: Final[tuple[str, ...]] = ("none", "prefix", "dual", "block_causal", "window",
-                                   "sub_block", "dllm_cache")
+                                   "sub_block", "dllm_cache", "streaming")
 _SCHEDULES: Final[tuple[str, ...]] = ("llada", "dream")
 _ATTENTIONS: Final[tuple[str, ...]] = ("bidirectional", "block_causal")
 #: how a model marks unknown positions (``model.noise_kind``; models without one: ``mask``)
@@ -140,6 +140,17 @@ class Capabilities:
             a ``fuses_logits`` selector also takes ``block_step=`` in ``fuse_logits``). A
             serving engine then decides rows at different steps in one call; without it,
             one call per step value. Any role may declare it.
+        attention_maps: the selector reads ``StepState.attention`` (``[B, L, L]``, the
+            head-averaged softmax attention of the model's last ``attention_maps`` layers,
+            averaged over them, from the step's own forward; DAWN, ``policies.dawn``): the
+            step's proposal then covers every position up to the block's end (prompt
+            included); needs ``cache="none"`` and a model with ``capture_attention``
+            (``models.attention_maps``). 0: none.
+        edits_prompt: with ``edits``, ``StepState.editable`` also holds the prompt's
+            positions (reproducing a reference defect: DAWN's position-0 overwrite).
+        slides_blocks: the selector's decode window slides across the loop's block
+            boundaries (DSB, ``policies.dsb``): it needs the whole generation in view
+            (declarative; a serving engine that shows one fixed block refuses it).
     """
 
     budgeted: bool = True
@@ -167,6 +178,9 @@ class Capabilities:
     sub_block_size: int | None = None
     fuses_logits: bool = False
     row_steps: bool = False
+    attention_maps: int = 0
+    edits_prompt: bool = False
+    slides_blocks: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Capabilities:
         """Refuse an unknown keyword before the dataclass ``__init__`` sees it (one line:
@@ -207,6 +221,12 @@ class Capabilities:
         if self.at_least_budget and not self.budgeted:
             raise ValueError("Capabilities.at_least_budget describes a budgeted selector: "
                              "it needs budgeted=True (an adaptive one has no budget)")
+        maps = self.attention_maps
+        if isinstance(maps, bool) or not isinstance(maps, int) or maps < 0:
+            raise ValueError(f"Capabilities.attention_maps must be an int >= 0, got {maps!r}")
+        if self.edits_prompt and not self.edits:
+            raise ValueError("Capabilities.edits_prompt needs edits=True (a prompt rewrite is "
+                             "an edit)")
         if self.edits and self.reads_masked_only:
             raise ValueError("Capabilities(edits=True) reads committed positions: "
                              "reads_masked_only must be False")

@@ -15,7 +15,9 @@ from dllm_decode.policies import resolve
 from dllm_decode.policies.adaptive import EntropyBounded, EntropyThreshold, Factor, Threshold
 from dllm_decode.policies.confidence import Origin, RandomOrder, TopK
 from dllm_decode.policies.credit import credit_policy
+from dllm_decode.policies.dawn import Dawn
 from dllm_decode.policies.dilated import dus_policy
+from dllm_decode.policies.dsb import dsb_policy
 from dllm_decode.policies.editing import edit_policy, llada2_policy, llada21_policy
 from dllm_decode.policies.ete import ExploreThenExploit
 from dllm_decode.policies.fastdllm2 import fastdllm_v2_policy
@@ -25,8 +27,10 @@ from dllm_decode.policies.learn2pd import EoTP, eotp_policy, learn2pd_policy
 from dllm_decode.policies.lopa import lopa_policy
 from dllm_decode.policies.renoise import gemma_renoise
 from dllm_decode.policies.s2d2 import DynamicThreshold
+from dllm_decode.policies.said import said_block_policy, said_policy
 from dllm_decode.policies.sched import SchED, prophet_policy, sched_policy
 from dllm_decode.policies.speculative import s2d2
+from dllm_decode.policies.streaming import BlockEosExit, streaming_dllm_policy
 from dllm_decode.policies.window import EosCut, WindowTopK, window_dream
 from dllm_decode.policies.wino import wide_in_policy, wino_policy
 from dllm_decode.types import ScoreKind
@@ -81,11 +85,22 @@ BUILT_IN: Final[dict[str, Any]] = {
     "wino": wino_policy,
     "wide_in": wide_in_policy,
     "lopa": lopa_policy,
+    # Streaming-dLLM: mask-ratio threshold + EOS exit on its suffix-pruning plan
+    "streaming_dllm": streaming_dllm_policy,
+    # DAWN: dependency-aware selection from the attention maps
+    "dawn": Dawn,
+    # SAID: scaffold first, then details (v1, the README's; the block variant)
+    "said": said_policy,
+    "said_block": said_block_policy,
+    # DSB: the dynamic sliding block (greedy; const: = B) around a threshold rule
+    "dsb": dsb_policy,
+    "dsb_const": partial(dsb_policy, max_block_length=None, preset="dsb_const"),
 }
 BUILT_IN_STOPPERS: Final[dict[str, Any]] = {"sched": lambda **kw: SchED(**kw),
                                             "prophet": _prophet_stopper}
 BUILT_IN_TRUNCATORS: Final[dict[str, Any]] = {"eotp": lambda **kw: EoTP(**kw),
-                                              "eos_cut": lambda **kw: EosCut(**kw)}
+                                              "eos_cut": lambda **kw: EosCut(**kw),
+                                              "block_eos_exit": lambda **kw: BlockEosExit(**kw)}
 
 resolve.PRESETS.update(BUILT_IN)
 resolve.STOPPERS.update(BUILT_IN_STOPPERS)

@@ -117,8 +117,14 @@ class MaskRun(MaskSetup):
         forward and post together, in ``post``)."""
         if self.graphed is not None:
             return None
-        fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned, i,
-                                self.lo, self.full_span, host=self.host)
+        if self.maps:  # attention maps (DAWN): captured in this forward, every row scored
+            with self.model.capture_attention(self.maps) as maps:
+                fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned,
+                                        i, 0, self.full_span, host=self.host)
+            self.attention = maps.mean()[:self.b]
+        else:
+            fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned, i,
+                                    self.lo, self.full_span, host=self.host)
         self.forwards += fed.calls  # two where rows of a sub-block cache step disagree
         return fed
 
@@ -183,7 +189,10 @@ class MaskRun(MaskSetup):
         editable = None
         if tracker is not None:  # rows in a post step still take part (and count)
             active = active | tracker.post
-            editable = tracker.editable(masked, fresh, spans.get(max(bs, p), be))
+            span = spans.get(max(bs, p), be)
+            if self.sel_caps.edits_prompt:  # the prompt too (DAWN's position-0 quirk)
+                span = span | spans.get(0, p)
+            editable = tracker.editable(masked, fresh, span)
         self.step_model.begin(self.model_canvas, active)
         # the contract's per-step inputs (samplers.contract; see post_forward)
         # masked fed rows, known on the host when the rows end with the block (no mask
@@ -217,7 +226,7 @@ class MaskRun(MaskSetup):
                                             "refresh": fed.refresh,
                                             "total_steps": self.total_steps},
                 model=self.step_model, refreshed=step_refreshed,
-                reference_order=cfg.rng == "reference")
+                reference_order=cfg.rng == "reference", attention=self.attention)
             ctl = dict(n_masked=self.n_masked, in_rows=in_rows, expected=expected,
                        last=i == n_commit - 1, stall_limit=stall_limit,
                        force_end=spans.get(bs, be) if i == n_commit - 1 and self.lo == p

@@ -27,7 +27,7 @@ from dllm_decode.samplers.fused import span_selector
 from dllm_decode.samplers.graph import graph_run
 from dllm_decode.samplers.proposals import ProposalMaker, reference_loop_of
 from dllm_decode.samplers.step import SpanMasks, StepModelView, StepParts
-from dllm_decode.types import Impl
+from dllm_decode.types import CacheMode, Impl
 
 
 class MaskSetup:
@@ -164,6 +164,15 @@ class MaskSetup:
         self.memory = init_memory_of(self.parts.selector, b, length, device)
         self.pos_idx = torch.arange(length, device=device)
         self.lo = 0 if self.cfg.allow_prompt_masks else self.p
+        # ``Capabilities.attention_maps`` (DAWN): the step's maps, captured in its forward
+        self.attention: Tensor | None = None
+        self.maps = self.sel_caps.attention_maps
+        if self.maps and (self.cfg.cache is not CacheMode.NONE or not callable(
+                getattr(self.model, "capture_attention", None))):
+            raise ValueError(f"policy {self.guard.policy!r} reads the model's attention maps "
+                             "(Capabilities.attention_maps): it needs cache='none' (got "
+                             f"{self.cfg.cache.value!r}) and a model that can materialise them "
+                             f"(DecoderLM; {type(self.model).__name__} cannot)")
         self.full_span = caps.full_span  # a stopper, or any part that declares it
         # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block,
         # but only in rows whose current block still has a mask: rows of a batch walk blocks

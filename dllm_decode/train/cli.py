@@ -33,9 +33,14 @@ def _dispatch(kind: str, argv: list[str]) -> int:
         from dllm_decode.train.distill import distill_main
 
         return int(distill_main(argv) or 0)
+    if kind == "testbed-long":
+        from dllm_decode.train.testbed_long import train_long_main
+
+        return int(train_long_main(argv) or 0)
     if kind == "convert":
         return convert_main(argv)
-    raise ValueError(f"unknown training kind {kind!r}; valid: tiny, testbed, learn2pd, convert")
+    raise ValueError(f"unknown training kind {kind!r}; valid: tiny, testbed, testbed-long, "
+                     "learn2pd, convert")
 
 
 def convert_main(argv: list[str]) -> int:

@@ -354,12 +354,19 @@ def refuse_unservable(caps: PolicyCapabilities, name: str) -> None:
          "it changes the attention of the forward (S2D2's causal drafting / AR-like prefix), "
          "which SGLang's model runner does not: serve low_confidence_dynamic instead"),
         (caps.requires_attention == "bidirectional" or sel.preferred_cache == "window",
-         "it prunes a bidirectional canvas per row (Window-Diffusion, cache='window') and "
-         "SGLang serves block-diffusion models one block per forward: serve threshold or "
-         "low_confidence instead"),
+         "it needs a bidirectional model (Window-Diffusion's per-row pruning with "
+         "cache='window', SAID's answer-wide schedule) and SGLang serves block-diffusion "
+         "models one block per forward: serve threshold or low_confidence instead"),
         (sel.preferred_cache not in (None, "none", "block_causal"),
          f"it needs the library's cache plan {sel.preferred_cache!r}; SGLang feeds one block "
          "per forward against its radix cache (cache='block_causal')"),
+        (sel.attention_maps > 0,
+         "it reads the model's attention maps (DAWN's dependency graph) over the whole "
+         "canvas without a cache, which SGLang's attention kernels never materialise: decode "
+         "with DiffusionSampler(cache='none')"),
+        (sel.slides_blocks,
+         "its decode window slides across block boundaries (DSB) and SGLang shows one fixed "
+         "block at a time: serve its base rule (threshold) instead"),
         (sel.lookahead > 0,
          "it commits past the current block (cross_block lookahead) and SGLang shows one "
          "block at a time: drop cross_block (ete stays in the block on these models)"),

@@ -1,0 +1,233 @@
+"""Test bed III (long answers): generators, graders, the exact oracle against brute force, the
+oracle's refusals, and the students' trainer (batches, resume, export)."""
+
+from __future__ import annotations
+
+import itertools
+import random
+
+import pytest
+import torch
+
+from dllm_decode import DiffusionSampler, load_model
+from dllm_decode.eval.parallelbench.testbed_long import (
+    LONG_LENGTHS,
+    LONG_NAMES,
+    LONG_TASKS,
+    draw_items,
+    grade,
+    is_test,
+    long_codec,
+    long_oracle,
+    long_records,
+)
+from dllm_decode.models.long_answer import EOS, KEEP, MASK, SEP, LongCodec, long_codec_for
+from dllm_decode.train.testbed_long import (
+    STATE_FILE,
+    LongTrainConfig,
+    columns,
+    export_student,
+    make_batch,
+    train,
+)
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.mark.parametrize("gen_length", [128, 256])
+@pytest.mark.parametrize("task", LONG_TASKS)
+def test_records_are_seeded_held_out_and_in_range(task: str, gen_length: int) -> None:
+    recs = long_records(task, 20, seed=3, gen_length=gen_length)
+    assert recs == long_records(task, 20, seed=3, gen_length=gen_length)
+    assert recs != long_records(task, 20, seed=4, gen_length=gen_length)
+    lo, hi = LONG_LENGTHS[gen_length][task]
+    codec = long_codec(gen_length)
+    for rec in recs:
+        assert lo <= len(rec["items"]) <= hi and is_test(task, rec["items"])
+        assert len(codec.encode_prompt(rec)) == codec.prompt_length == gen_length
+        assert grade(codec, rec, codec.reference_answer(rec))
+    train_recs = long_records(task, 20, seed=3, split="train", gen_length=gen_length)
+    assert not any(is_test(task, r["items"]) for r in train_recs)
+    if task == "carry":
+        assert all(r["items"][0] != KEEP for r in recs)
+        assert any(KEEP in r["items"] for r in recs)
+
+
+def test_graders_reject_what_is_wrong() -> None:
+    codec = long_codec()
+    sep, eos = codec.token_id[SEP], codec.token_id[EOS]
+    copy = long_records("copy", 1, 0)[0]
+    shuffle = long_records("shuffle", 1, 0)[0]
+    carry = long_records("carry", 1, 0)[0]
+    ref = codec.reference_answer(shuffle)
+    perm = list(ref)
+    perm[0], perm[2] = perm[2], perm[0]  # another order of the names: valid for shuffle only
+    assert grade(codec, shuffle, perm) and perm != ref
+    assert not grade(codec, {**shuffle, "task": "copy"}, perm)
+    dup = list(ref)
+    dup[2] = dup[0]  # a name twice
+    assert not grade(codec, shuffle, dup)
+    moved = list(ref)
+    moved[1] = ref[0]  # a name where a separator belongs
+    assert not grade(codec, shuffle, moved)
+    for rec in (copy, carry):
+        ans = codec.reference_answer(rec)
+        n = ans.index(eos)
+        assert not grade(codec, rec, ans[:n - 1] + [eos] * (len(ans) - n + 1))  # early EOS
+        assert not grade(codec, rec, ans[:n] + [sep] + ans[n + 1:])  # content past the end
+    assert not grade(codec, copy, codec.reference_answer(copy)[:-1])  # wrong length
+
+
+def _brute_marginals(codec: LongCodec, items: tuple[str, ...], region: torch.Tensor
+                     ) -> torch.Tensor:
+    """Marginals by enumeration over every permutation consistent with ``region``."""
+    answers = [codec.reference_answer({"task": "shuffle", "items": list(p)})
+               for p in itertools.permutations(items)]
+    table = torch.tensor(answers)
+    known = region != codec.token_id[MASK]
+    ok = ((table == region) | ~known).all(-1)
+    if not ok.any():
+        ok = torch.ones_like(ok)
+    probs = torch.zeros(region.shape[0], codec.vocab_size, dtype=torch.float64)
+    for ans in table[ok]:
+        probs[torch.arange(region.shape[0]), ans] += 1
+    return probs / ok.sum()
+
+
+@pytest.mark.parametrize("k", [2, 3, 5])
+def test_shuffle_posterior_equals_brute_force(k: int) -> None:
+    codec = LongCodec(LONG_NAMES, gen_length=16)
+    rng = random.Random(k)
+    mask = codec.token_id[MASK]
+    for _ in range(40):
+        items = tuple(rng.sample(LONG_NAMES, k))
+        answer = torch.tensor(codec.reference_answer({"task": "shuffle",
+                                                      "items": list(rng.sample(items, k))}))
+        region = answer.masked_fill(torch.rand(16, generator=torch.Generator().manual_seed(
+            rng.randrange(99))) < rng.random(), mask)
+        if rng.random() < 0.3:  # an impossible canvas: a name twice or off the list
+            spot = rng.randrange(0, 2 * k - 1, 2)
+            region[spot] = codec.tid(rng.choice(LONG_NAMES))
+        got = codec.conditionals("shuffle", items, region[None])[0]
+        torch.testing.assert_close(got, _brute_marginals(codec, items, region), rtol=0,
+                                   atol=1e-12)
+
+
+@pytest.mark.parametrize("gen_length", [128, 256])
+def test_oracle_decodes_every_task_exactly(gen_length: int) -> None:
+    oracle = long_oracle(gen_length)
+    for task in LONG_TASKS:
+        recs = long_records(task, 2, seed=1, gen_length=gen_length)
+        prompts = oracle.prompt_batch(recs)
+        for policy, kw in (("low_confidence", {"steps": gen_length}), ("threshold", {})):
+            gen = DiffusionSampler(oracle, policy, gen_length=gen_length, block_length=32,
+                                   **kw).generate(prompts)
+            answers = gen.tokens[:, -gen_length:].tolist()
+            assert all(grade(oracle.codec, r, a) for r, a in zip(recs, answers, strict=True))
+        if task != "shuffle":  # one answer, every position certain: one forward per block
+            assert gen.nfe.tolist() == [gen_length // 32] * 2
+
+
+def test_calibrated_oracle_is_finite_seeded_and_still_exact_at_k1() -> None:
+    oracle = long_oracle(noise=0.5, floor=1e-6, seed=2)
+    recs = long_records("shuffle", 2, seed=5)
+    prompts = oracle.prompt_batch(recs)
+    canvas = torch.cat([prompts, torch.full((2, 128), oracle.mask_token_id)], dim=1)
+    pos = torch.arange(canvas.shape[1]).expand_as(canvas)
+    a, b = oracle(canvas, pos), oracle(canvas, pos)
+    assert torch.isfinite(a).all() and torch.equal(a, b)
+    assert not torch.equal(a, long_oracle(noise=0.5, floor=1e-6, seed=3)(canvas, pos))
+
+
+def test_oracle_refuses_what_it_cannot_serve_exactly() -> None:
+    oracle = long_oracle()
+    prompts = oracle.prompt_batch(long_records("copy", 1, seed=0))
+    canvas = torch.cat([prompts, torch.full((1, 128), oracle.mask_token_id)], dim=1)
+    pos = torch.arange(256)[None]
+    n = canvas.shape[1]
+    with pytest.raises(ValueError, match="exactly"):
+        oracle(canvas, pos, cache=object())
+    with pytest.raises(ValueError, match="p, p \\+ 1"):
+        oracle(canvas, pos.flip(1))
+    packed = torch.ones(1, n, n, dtype=torch.bool)
+    packed[0, :10, -5:] = False
+    with pytest.raises(ValueError, match="different keys"):
+        oracle(canvas, pos, mask=packed)
+    with pytest.raises(ValueError, match="gen_length 128"):
+        oracle(canvas[:, :-32], pos[:, :-32])
+    with pytest.raises(NotImplementedError, match="no K/V cache"):
+        DiffusionSampler(oracle, "threshold", gen_length=128, block_length=32,
+                         cache="prefix").generate(prompts)
+
+
+def test_codec_errors_name_the_problem() -> None:
+    codec = long_codec()
+    with pytest.raises(ValueError, match="does not fit"):
+        codec.encode_prompt({"task": "copy", "items": [LONG_NAMES[0]] * 64})
+    with pytest.raises(ValueError, match="distinct"):
+        codec.encode_prompt({"task": "shuffle", "items": [LONG_NAMES[0]] * 3})
+    with pytest.raises(ValueError, match="unknown long-answer task"):
+        codec.encode_prompt({"task": "sort", "items": [LONG_NAMES[0]]})
+    with pytest.raises(KeyError, match="not in the long-answer vocabulary"):
+        codec.encode_prompt({"task": "copy", "items": ["Nobody Here"]})
+    with pytest.raises(ValueError, match="lengths must lie"):
+        long_records("copy", 1, 0, length=(10, 70))
+    assert draw_items("carry", 5, random.Random(0))[0] in LONG_NAMES
+
+
+@pytest.mark.parametrize("family", ["llada", "sdar"])
+def test_training_batches_are_exact_and_seeded(family: str) -> None:
+    cfg = LongTrainConfig(family=family, batch_size=8, curriculum=10, seed=1)
+    codec = long_codec()
+    block = cfg.block_size if family == "sdar" else None
+    a, b = make_batch(cfg, codec, 3, block), make_batch(cfg, codec, 3, block)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    torch.testing.assert_close(a["targets"].sum(-1), torch.ones(8, 128))
+    # every target puts its mass on the answer's own token where the answer is certain
+    assert bool((a["targets"].gather(2, a["answers"][..., None]) > 0).all())
+    full = make_batch(cfg, codec, 20, block)
+    assert int(full["width"]) == 128 and int(a["width"]) < 128
+    cols = columns(codec, int(a["width"]))
+    assert cols[0] == 0 and 127 in cols.tolist() and cols.max() < 256
+
+
+def test_block_view_targets_ignore_later_blocks() -> None:
+    """A shuffle name slot in block 0 of the block-causal student is uniform over every name
+    the clean later blocks have not... seen: later blocks are not visible, so none excluded."""
+    cfg = LongTrainConfig(family="sdar", batch_size=16, curriculum=0, seed=0,
+                          tasks="shuffle")
+    codec = long_codec()
+    batch = make_batch(cfg, codec, 0, cfg.block_size)
+    for r in range(16):
+        items = codec.parse_prompt(batch["prompts"][r].tolist())[1]
+        view = batch["noisy"][r].clone()
+        view[32:] = codec.token_id[MASK]
+        want = codec.conditionals("shuffle", items, view[None])[0, :32].float()
+        torch.testing.assert_close(batch["targets"][r, :32], want)
+
+
+def test_resumed_training_equals_one_run_and_exports_a_loadable_student(tmp_path) -> None:
+    common = {"batch_size": 2, "hidden": 32, "layers": 1, "heads": 2, "intermediate": 64,
+              "curriculum": 2, "steps": 4, "ckpt_every": 1}
+    train(LongTrainConfig(out=str(tmp_path / "one"), **common))
+    train(LongTrainConfig(out=str(tmp_path / "two"), stop_after=2, **common))
+    with pytest.raises(FileExistsError, match="--resume"):
+        train(LongTrainConfig(out=str(tmp_path / "two"), **common))
+    with pytest.raises(ValueError, match="other settings"):
+        train(LongTrainConfig(out=str(tmp_path / "two"), resume=True, **{**common,
+                                                                          "lr": 1e-3}))
+    train(LongTrainConfig(out=str(tmp_path / "two"), resume=True, **common))
+    from dllm_decode.train.state import load_state
+
+    one = load_state(tmp_path / "one" / STATE_FILE)["model"]
+    two = load_state(tmp_path / "two" / STATE_FILE)["model"]
+    assert all(torch.equal(one[k], two[k]) for k in one)
+    out = export_student(tmp_path / "one", tmp_path / "student")
+    model = load_model(str(out))
+    codec = long_codec_for(out)
+    assert codec is not None and codec.vocab == long_codec().vocab
+    assert model.vocab_size == codec.vocab_size
+    prompts = torch.tensor([codec.encode_prompt(long_records("copy", 1, 0)[0])])
+    gen = DiffusionSampler(model, "threshold", gen_length=128, block_length=32
+                           ).generate(prompts)
+    assert gen.tokens.shape == (1, 256)
