@@ -136,6 +136,17 @@ CONFIGS: list[tuple[str, str, Any, dict[str, Any]]] = [
     ("dawn", "scaled sink .07, edge .07", "dawn", {"tau_sink": 0.07, "tau_edge": 0.07}),
     ("dawn", "scaled, tau_low .8", "dawn", {"tau_sink": 0.07, "tau_edge": 0.1,
                                              "tau_low": 0.8}),
+    # ReMix (methods-2026-ii.md section 3): soft mask / token inputs with JS rejection and
+    # WINO's capped threshold (cap 11 at 16 masks); GSM8K's tau .9 (default), the other
+    # tasks' .8, Countdown's beta .6, the README's js .2, the fix of the sticky rejection,
+    # and beta 0 (no mixing: WINO's drafting rule, wide_in)
+    ("remix", "gsm8k tau .9 (default)", "remix", {}),
+    ("remix", "tau .8 (other tasks)", "remix", {"task": "math500"}),
+    ("remix", "tau .8, beta .6 (countdown)", "remix", {"task": "countdown"}),
+    ("remix", "tau .8, js .2 (README)", "remix", {"task": "math500", "js_threshold": 0.2}),
+    ("remix", "tau .7", "remix", {"threshold": 0.7}),
+    ("remix", "tau .9, sticky=False", "remix", {"sticky": False}),
+    ("remix", "tau .9, beta 0 (no mixing)", "remix", {"beta_mix": 0.0}),
 ]
 
 
@@ -179,6 +190,8 @@ def skip_reason(model: Any, policy: str) -> str | None:
             return "no K/V cache (Streaming-dLLM's suffix pruning is cache='streaming')"
     if policy == "dawn" and not callable(getattr(model, "capture_attention", None)):
         return "no attention maps (DAWN reads the model's attention; the oracle has none)"
+    if policy == "remix" and not callable(getattr(model, "feed_embeddings", None)):
+        return "no input embeddings (ReMix feeds soft inputs; the oracle has none)"
     if policy == "learn2pd":
         from dllm_decode.policies.learn2pd_filter import find_bundled_filter
 

@@ -6,9 +6,11 @@ held-out prompts (test split, ``--seed``) are decoded greedily with the library'
 any permutation). One CSV row per model x policy x cache x task: ``accuracy`` (a fraction),
 ``nfe`` (forwards per answer, extra forwards included), ``tpf`` (tokens per forward,
 ``dllm_decode.speed``: answer tokens up to EOS / NFE, pooled), ``positions`` (token positions
-run through the model per answer, ``Generation.step_positions``), ``rounds`` (decoding steps
-per answer), ``wall_s_per_answer`` / ``cpu_s_per_answer``, ``note`` (why a model refused the
-policy or cache mode: the row then has no figures) and the environment. The Markdown table
+run through the model per answer, ``Generation.step_positions``), ``rounds`` (the batch's
+decoding step of the answer's last commit + 1: its NFE at batch 1; in a batch it also counts
+the steps the row waited for others in a block), ``wall_s_per_answer`` /
+``cpu_s_per_answer``, ``note`` (why a model refused the policy or cache mode: the row then
+has no figures) and the environment. The Markdown table
 (beside the CSV) averages the tasks per (model, policy, cache), marks the Pareto front of
 accuracy vs TPF and names the best TPF at >= 99 % of ``low_confidence_k1``'s accuracy
 (``--best`` prints it); the plot (``<out>_pareto.png``) has accuracy vs TPF and accuracy vs
@@ -237,6 +239,7 @@ def run_config(model_name: str, policy: str, cache: str, tasks: Sequence[str], n
                seed: int, gen_length: int, block_length: int | None, batch: int
                ) -> list[dict[str, Any]]:
     """The rows (one per task) of one (model, policy, cache); a refusal fills ``note``."""
+    from dllm_decode.policies.capabilities import capabilities_of
     from dllm_decode.samplers.build import build_sampler
 
     torch.set_num_threads(1)
@@ -250,9 +253,16 @@ def run_config(model_name: str, policy: str, cache: str, tasks: Sequence[str], n
         base, stopper, truncator, params = parse_policy(policy)
         params = {"gen_length": gen_length, "block_length": block_length, "temperature": 0.0,
                   **({"steps": gen_length} if base == BASELINE else {}), **params}
-        sampler = build_sampler(model, "low_confidence" if base == BASELINE else base,
-                                stopper=stopper, truncator=truncator, cache=cache,
+        name = "low_confidence" if base == BASELINE else base
+        sampler = build_sampler(model, name, stopper=stopper, truncator=truncator, cache=cache,
                                 params=params)
+        if capabilities_of(sampler.policy.selector).slides_blocks and block_length:
+            # DSB slides its own window of B masked positions: the generation is one loop
+            # block, as its authors run it (loop blocks would force leftovers at their ends)
+            params["block_length"] = None
+            tail["block_length"] = gen_length
+            sampler = build_sampler(model, name, stopper=stopper, truncator=truncator,
+                                    cache=cache, params=params)
     except Exception as exc:  # noqa: BLE001 - a refusal is a row, not a crash
         note = refusal(exc)
         return [{**head, "task": t, "n": 0, **empty, "note": note, **tail} for t in tasks]

@@ -41,6 +41,7 @@ class CacheMode(str, Enum):
     WINDOW = "window"
     SUB_BLOCK = "sub_block"
     DLLM_CACHE = "dllm_cache"
+    #: DSB Cache: a full refresh every B commits, else the sliding window recomputed (``cache.dsb``)
     DSB = "dsb"
     #: Streaming-dLLM: prefix K/V + the block + a suffix window + the tail (``cache.streaming``)
     STREAMING = "streaming"

@@ -53,6 +53,8 @@ def _homes(name: str) -> list[tuple[str, str]]:
     own = "tiny-dream" if name in DREAM_NAMES or name == "window_dream" else "tiny-llada"
     if caps.attention_maps:  # DAWN reads the L x L maps of an uncached forward
         return [(own, "none")]
+    if caps.soft_inputs:  # ReMix feeds new input embeddings to every masked position per step
+        return [(own, "none")]
     return [(own, "none"), (own, "dual")] + (sdar if name in ALSO_BLOCK_CAUSAL else [])
 
 

@@ -95,7 +95,9 @@ def test_refresh_every_step_equals_no_cache() -> None:
 
 BIDIRECTIONAL = [n for n in mask_presets(PRESETS)
                  if capabilities_of(make_policy(n).selector).requires_attention is None
-                 and not capabilities_of(make_policy(n).selector).attention_maps]
+                 and not capabilities_of(make_policy(n).selector).attention_maps
+                 # ReMix: soft inputs at every masked position, new each step (no feature reuse)
+                 and not capabilities_of(make_policy(n).selector).soft_inputs]
 
 
 @pytest.mark.filterwarnings("ignore:learn2pd")

@@ -14,6 +14,8 @@ from tests.helpers import EOS, MASK, mask_presets, tiny_model
 
 MODELS = {f: tiny_model(f, seed=11) for f in ("llada", "dream", "sdar")}
 POLICIES = mask_presets(PRESETS)
+#: presets that refuse ``temperature > 0`` (their authors' code is greedy), with the refusal
+GREEDY_ONLY = {"lopa": "decodes greedily", "said": "is greedy"}
 
 
 def _prompt(b: int, p: int, seed: int) -> torch.Tensor:
@@ -44,6 +46,10 @@ def test_invariants(family, policy, blocks, block_len, per_step, temperature, p,
         kwargs["schedule"] = "dream"
         kwargs["block_length"] = None
     prompt = _prompt(2, p, seed)
+    if policy in GREEDY_ONLY and temperature > 0:  # the authors' greedy runs: one line
+        with pytest.raises(ValueError, match=GREEDY_ONLY[policy]):
+            DiffusionSampler(model, policy, **kwargs).generate(prompt)
+        return
     caps = capabilities_of(make_policy(policy).selector)
     need = caps.requires_attention
     if need is not None and model.attention != need:  # family-specific presets refuse clearly

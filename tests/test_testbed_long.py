@@ -231,3 +231,18 @@ def test_resumed_training_equals_one_run_and_exports_a_loadable_student(tmp_path
     gen = DiffusionSampler(model, "threshold", gen_length=128, block_length=32
                            ).generate(prompts)
     assert gen.tokens.shape == (1, 256)
+
+
+def test_bd_warmup_trains_the_bidirectional_student_on_two_streams(monkeypatch) -> None:
+    import dllm_decode.train.testbed_long as tl
+
+    calls = []
+    real = tl.two_stream_mask
+    monkeypatch.setattr(tl, "two_stream_mask", lambda *a: calls.append(a[3]) or real(*a))
+    cfg = LongTrainConfig(batch_size=2, hidden=32, layers=1, heads=2, intermediate=64,
+                          curriculum=2, bd_warmup=3)
+    codec = long_codec()
+    model = tl.build_student(cfg, codec)
+    for step in range(5):
+        assert torch.isfinite(tl.step_loss(model, cfg, codec, step))
+    assert calls == [32, 32, 32]  # steps 0-2 on the block objective, then the mask objective

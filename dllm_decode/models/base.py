@@ -11,6 +11,7 @@ explicit ``BlockKVCache`` passed to ``forward``.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -333,6 +334,19 @@ class DecoderLM(nn.Module):
         from dllm_decode.models.attention_maps import capture_attention
 
         return capture_attention(self, layers)
+
+    @property
+    def input_embedding(self) -> Tensor:
+        """The input-embedding matrix ``[V, H]`` (ReMix's ``W``; ``policies.remix``)."""
+        return self.embed.weight
+
+    def feed_embeddings(self, transform: Callable[[Tensor], Tensor]) -> object:
+        """A context (``models.soft_inputs.FedEmbeddings``) in which forwards feed
+        ``transform(embeds [B, N, H])`` instead of their tokens' embeddings (ReMix's soft
+        inputs, ``Capabilities.soft_inputs``)."""
+        from dllm_decode.models.soft_inputs import feed_embeddings
+
+        return feed_embeddings(self, transform)
 
     def _block_size_view(self, block_size: int) -> DecoderLM:
         """A view of the same weights whose spec has another ``block_size`` (the families'

@@ -151,6 +151,11 @@ class Capabilities:
         slides_blocks: the selector's decode window slides across the loop's block
             boundaries (DSB, ``policies.dsb``): it needs the whole generation in view
             (declarative; a serving engine that shows one fixed block refuses it).
+        soft_inputs: the selector rewrites the step's input embeddings before its forward
+            (ReMix's mixed mask / token state, ``policies.remix``): the loop calls its
+            ``mix_inputs(embeds, canvas, memory, weight, mask_id, block, step, block_step)``
+            on the ``[B, L, H]`` embeddings of the fed canvas; needs ``cache="none"``, no CFG
+            and a model with ``feed_embeddings`` (``models.soft_inputs``: ``DecoderLM``).
     """
 
     budgeted: bool = True
@@ -181,6 +186,7 @@ class Capabilities:
     attention_maps: int = 0
     edits_prompt: bool = False
     slides_blocks: bool = False
+    soft_inputs: bool = False
 
     def __new__(cls, *args: Any, **kwargs: Any) -> Capabilities:
         """Refuse an unknown keyword before the dataclass ``__init__`` sees it (one line:

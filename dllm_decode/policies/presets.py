@@ -25,6 +25,7 @@ from dllm_decode.policies.frechet import Frechet
 from dllm_decode.policies.history import CCD, KLASS
 from dllm_decode.policies.learn2pd import EoTP, eotp_policy, learn2pd_policy
 from dllm_decode.policies.lopa import lopa_policy
+from dllm_decode.policies.remix import remix_policy
 from dllm_decode.policies.renoise import gemma_renoise
 from dllm_decode.policies.s2d2 import DynamicThreshold
 from dllm_decode.policies.said import said_block_policy, said_policy
@@ -95,6 +96,8 @@ BUILT_IN: Final[dict[str, Any]] = {
     # DSB: the dynamic sliding block (greedy; const: = B) around a threshold rule
     "dsb": dsb_policy,
     "dsb_const": partial(dsb_policy, max_block_length=None, preset="dsb_const"),
+    # ReMix: the mixed mask / token input state with JS rejection (soft inputs)
+    "remix": remix_policy,
 }
 BUILT_IN_STOPPERS: Final[dict[str, Any]] = {"sched": lambda **kw: SchED(**kw),
                                             "prophet": _prophet_stopper}

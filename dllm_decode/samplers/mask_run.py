@@ -122,11 +122,25 @@ class MaskRun(MaskSetup):
                 fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned,
                                         i, 0, self.full_span, host=self.host)
             self.attention = maps.mean()[:self.b]
+        elif self.soft:  # soft inputs (ReMix): the selector rewrites the fed embeddings
+            with self.model.feed_embeddings(lambda e: self._soft_inputs(e, i)):
+                fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned,
+                                        i, self.lo, self.full_span, host=self.host)
         else:
             fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned, i,
                                     self.lo, self.full_span, host=self.host)
         self.forwards += fed.calls  # two where rows of a sub-block cache step disagree
         return fed
+
+    def _soft_inputs(self, embeds: Any, i: int) -> Any:
+        """``Capabilities.soft_inputs``: the selector's ``mix_inputs`` on the fed embeddings
+        ``[B, L, H]`` of this step's (uncached, whole-canvas) forward."""
+        if embeds.shape[1] != self.length:
+            raise ValueError(f"soft inputs need the whole canvas fed ({self.length} "
+                             f"positions), the forward fed {embeds.shape[1]}")
+        return self.parts.selector.mix_inputs(
+            embeds, self.canvas, self.memory, self.model.input_embedding, self.mask_id,
+            (self.bs, self.be), self.step, i)
 
     def post(self, fed: Any, i: int) -> None:
         """Propose -> select -> contract -> stop -> commit (``post_forward``, the fused step or

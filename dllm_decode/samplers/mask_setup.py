@@ -173,6 +173,16 @@ class MaskSetup:
                              "(Capabilities.attention_maps): it needs cache='none' (got "
                              f"{self.cfg.cache.value!r}) and a model that can materialise them "
                              f"(DecoderLM; {type(self.model).__name__} cannot)")
+        # ``Capabilities.soft_inputs`` (ReMix): the selector rewrites the fed embeddings
+        self.soft = self.sel_caps.soft_inputs
+        if self.soft and (self.cfg.cache is not CacheMode.NONE or self.cfg_on or not callable(
+                getattr(self.model, "feed_embeddings", None)) or not callable(
+                getattr(self.parts.selector, "mix_inputs", None))):
+            raise ValueError(f"policy {self.guard.policy!r} feeds soft input embeddings "
+                             "(Capabilities.soft_inputs): it needs cache='none' (got "
+                             f"{self.cfg.cache.value!r}), no CFG and a model whose input "
+                             f"embeddings it can replace (DecoderLM; "
+                             f"{type(self.model).__name__})")
         self.full_span = caps.full_span  # a stopper, or any part that declares it
         # cross-block selectors (ETE) may commit up to ``lookahead`` positions past the block,
         # but only in rows whose current block still has a mask: rows of a batch walk blocks

@@ -367,6 +367,10 @@ def refuse_unservable(caps: PolicyCapabilities, name: str) -> None:
         (sel.slides_blocks,
          "its decode window slides across block boundaries (DSB) and SGLang shows one fixed "
          "block at a time: serve its base rule (threshold) instead"),
+        (sel.soft_inputs,
+         "it feeds soft input embeddings (ReMix's mask / token mixing) to an uncached forward "
+         "over the whole canvas, and SGLang's model runner takes token ids against its radix "
+         "cache: serve wide_in (its commit rule) or decode with DiffusionSampler"),
         (sel.lookahead > 0,
          "it commits past the current block (cross_block lookahead) and SGLang shows one "
          "block at a time: drop cross_block (ete stays in the block on these models)"),
