@@ -301,8 +301,10 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
     return summary
 
 
-#: fields that may change between invocations of one run
-NOT_PINNED = ("out", "resume", "export", "stop_after", "threads", "ckpt_every", "log_every")
+#: fields that may change between invocations of one run (a new ``steps`` re-spans the cosine
+#: decay from the current step on: how a run is extended or cut short across sessions)
+NOT_PINNED = ("out", "resume", "export", "stop_after", "threads", "ckpt_every", "log_every",
+              "steps")
 
 
 def export_student(run_dir: str | Path, directory: str | Path) -> Path:
