@@ -5,8 +5,10 @@ fix (``checked``), the excluded-neighbour option (``neighbours="union"``), the c
 refusals, batch rows and Dream.
 
 The recorded cases (``tests/fixtures/methods2026/dawn.json``, recorded by
-``benchmarks/conformance/record_dawn.py``) run on ``../shared/conformance/llada-tiny`` and skip
-when ``../shared`` is absent.
+``benchmarks/conformance/record_dawn.py``) run on ``../shared/conformance/llada-tiny``; the Dream
+cases (``dawn_dream.json``, the same recorder with ``--family dream``: the authors'
+``diffusion_generate(alg='dawn')``) on ``../shared/conformance/dream-tiny``; both skip when
+``../shared`` is absent.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 FIXTURE = Path(__file__).parent / "fixtures" / "methods2026" / "dawn.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
+DREAM_CASES = json.loads(FIXTURE.with_name("dawn_dream.json").read_text())["cases"]
 _MODEL: dict[str, Any] = {}
 
 
@@ -40,6 +43,13 @@ def _llada() -> Any:
         _MODEL["llada"] = load_model(require_shared(CONFORMANCE / "llada-tiny"),
                                      mask_token_id=500)
     return _MODEL["llada"]
+
+
+def _dream() -> Any:
+    if "dream" not in _MODEL:
+        _MODEL["dream"] = load_model(require_shared(CONFORMANCE / "dream-tiny"))
+        assert _MODEL["dream"].mask_token_id == 440
+    return _MODEL["dream"]
 
 
 class Noisy:
@@ -81,6 +91,8 @@ def _decode(model: Any, case: dict, policy: Dawn | None = None,
                       "overwrite": bool(sets.overwrite[0].any())})
         assert torch.equal(commit, sets.high | sets.induced | sets.free | sets.fallback)
 
+    if "top_k" in a:  # the reference call's top-k filter (a Dream case without top_k=None)
+        extra.setdefault("top_k", a["top_k"])
     out = DiffusionSampler(model, policy, debug=True, **extra).generate(
         torch.tensor(case["prompt_ids"]), gen_length=a["gen_length"],
         block_length=a["block_length"], on_step=record)
@@ -132,6 +144,60 @@ def test_checked_stops_at_the_last_candidate() -> None:
         if not any(s["overwrite"] for s in case["steps"]):
             assert out.tokens.tolist() == case["output_ids"] and out.forwards == case["nfe"]
         if case["name"] == "dawn_quirk_edge03":
+            assert out.tokens.tolist() != case["output_ids"]
+
+
+# ---- the authors' Dream path ----------------------------------------------------------------
+
+@pytest.mark.parametrize("case", DREAM_CASES, ids=[c["name"] for c in DREAM_CASES])
+def test_dawn_dream_case(case: dict) -> None:
+    """Dream (``_sample_block``'s ``alg == 'dawn'`` branch: shifted logits, its
+    ``sample_tokens`` confidence): the whole canvas, NFE and every step's sets, with the same
+    selector and settings as LLaDA (the rule is the same; only the taus' defaults differ)."""
+    out, steps = _decode(_dream(), case)
+    assert out.tokens.tolist() == case["output_ids"], case["name"]
+    assert out.forwards == out.steps == int(out.nfe[0]) == case["nfe"]
+    assert steps == case["steps"]
+
+
+@pytest.mark.parametrize("case", DREAM_CASES[:1] + DREAM_CASES[7:8] + DREAM_CASES[11:12],
+                         ids=lambda c: c["name"])
+def test_dawn_dream_case_under_logit_noise(case: dict) -> None:
+    """The Dream cases hold with relative 1e-6 noise on every logit, and with
+    ``rng="reference"``."""
+    out, steps = _decode(Noisy(_dream(), 1e-6, seed=11), case)
+    assert out.tokens.tolist() == case["output_ids"] and out.forwards == case["nfe"]
+    assert steps == case["steps"]
+    ref, _ = _decode(_dream(), case, rng="reference")
+    assert ref.tokens.tolist() == case["output_ids"] and ref.forwards == case["nfe"]
+
+
+def test_dream_cases_exercise_every_set_and_the_top_k_call() -> None:
+    """Every set and the quirk occur on Dream (x[0] takes the shifted argmax there, the raw
+    output of position 0); the case recorded with the reference's inherited ``top_k=50`` needs
+    it (its confidences are the filtered softmax's)."""
+    steps = [s for c in DREAM_CASES for s in c["steps"]]
+    for key in ("high", "induced", "free", "fallback"):
+        assert sum(bool(s[key]) for s in steps) > 20, key
+    assert sum(s["overwrite"] for s in steps) >= 5
+    changed = [c["output_ids"][0][0] != c["prompt_ids"][0][0] for c in DREAM_CASES]
+    assert 3 <= sum(changed) < len(DREAM_CASES)
+    case = next(c for c in DREAM_CASES if "top_k" in c["args"])
+    _, steps = _decode(_dream(), case, top_k=None)
+    assert steps != case["steps"]
+
+
+def test_dream_checked_keeps_the_prompt() -> None:
+    """``checked=True`` on Dream: no edit, the prompt kept; a case without the quirk is
+    unchanged."""
+    picked = ("dream_script", "dream_quirk_edge03", "dream_loose_induce")
+    for case in [c for c in DREAM_CASES if c["name"] in picked]:
+        out, steps = _decode(_dream(), case, _policy(case, checked=True))
+        assert out.edits is None and not any(s["overwrite"] for s in steps)
+        assert out.tokens[0, :len(case["prompt_ids"][0])].tolist() == case["prompt_ids"][0]
+        if not any(s["overwrite"] for s in case["steps"]):
+            assert out.tokens.tolist() == case["output_ids"] and out.forwards == case["nfe"]
+        else:
             assert out.tokens.tolist() != case["output_ids"]
 
 

@@ -3,8 +3,9 @@
 each block's kept positions; composition with other parts; refusals; batch invariance.
 
 The recorded cases (``tests/fixtures/methods2026/streaming_dllm.json``, recorded by
-``benchmarks/conformance/record_streaming_dllm.py``) run on ``../shared/conformance/llada-tiny``
-and skip when ``../shared`` is absent.
+``benchmarks/conformance/record_streaming_dllm.py``) run on ``../shared/conformance/llada-tiny``;
+the Dream cases (``streaming_dllm_dream.json``, the authors' Dream loop, ``--family dream``) on
+``dream-tiny``; they skip when ``../shared`` is absent.
 """
 
 from __future__ import annotations
@@ -17,10 +18,16 @@ import pytest
 import torch
 
 from dllm_decode import DiffusionSampler, load_model
-from dllm_decode.cache.streaming import DEFAULT_WINDOW, kept_suffix, streaming_plan
+from dllm_decode.cache.streaming import (
+    DEFAULT_WINDOW,
+    StreamingPlan,
+    kept_suffix,
+    streaming_plan,
+)
 from dllm_decode.policies.resolve import compose
 from dllm_decode.policies.streaming import (
     FAMILY_TABLE,
+    FIRST_RULE,
     STREAMING_TASKS,
     BlockEosExit,
     StreamingThreshold,
@@ -33,6 +40,9 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 FIXTURE = Path(__file__).parent / "fixtures" / "methods2026" / "streaming_dllm.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
+DREAM_CASES = json.loads(FIXTURE.with_name("streaming_dllm_dream.json").read_text())["cases"]
+ALL_CASES = [("llada", c) for c in CASES] + [("dream", c) for c in DREAM_CASES]
+ALL_IDS = [c["name"] for _, c in ALL_CASES]
 _MODEL: dict[str, Any] = {}
 
 
@@ -41,6 +51,16 @@ def _llada() -> Any:
         _MODEL["llada"] = load_model(require_shared(CONFORMANCE / "llada-tiny"),
                                      mask_token_id=500)
     return _MODEL["llada"]
+
+
+def _dream() -> Any:
+    if "dream" not in _MODEL:
+        _MODEL["dream"] = load_model(require_shared(CONFORMANCE / "dream-tiny"))
+    return _MODEL["dream"]
+
+
+def _family(name: str) -> Any:
+    return _dream() if name == "dream" else _llada()
 
 
 class Noisy:
@@ -69,14 +89,18 @@ def _decode(model: Any, case: dict, monkeypatch: pytest.MonkeyPatch,
     args = case["args"]
     p = len(case["prompt_ids"][0])
     commits: list[list[int]] = []
-    taus: list[float] = []
+    taus: list[float | None] = []
     sampler = DiffusionSampler(model, "streaming_dllm", tau=args["threshold"],
                                alpha=args["confidence_alpha"], debug=True,
                                **_window(monkeypatch, args["window_size"]), **extra)
     selector = sampler.policy.selector
+    first = selector.first or FIRST_RULE.get(model.family, "threshold")  # as bound
 
     def on_step(state: Any, commit: torch.Tensor) -> None:
         commits.append(torch.nonzero(commit[0, p:]).flatten().tolist())
+        if first == "position" and state.block_step == 0:
+            taus.append(None)  # Dream's first step: the block's first position, no tau
+            return
         ratio = selector.mask_ratio(state)
         taus.append(selector.tau if ratio is None else float(
             selector.tau * (1.0 - selector.alpha * (1.0 - ratio[0]))))
@@ -86,26 +110,28 @@ def _decode(model: Any, case: dict, monkeypatch: pytest.MonkeyPatch,
     return out, commits, taus
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
-def test_streaming_case(case: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("family", "case"), ALL_CASES, ids=ALL_IDS)
+def test_streaming_case(family: str, case: dict, monkeypatch: pytest.MonkeyPatch) -> None:
     """Tokens (the early exit's EOS fill included), NFE (one forward per step, as the
-    reference counts), every step's commits and tau (bit-equal)."""
-    out, commits, taus = _decode(_llada(), case, monkeypatch)
+    reference counts), every step's commits and tau (bit-equal). Dream: the authors' Dream
+    loop (the block's first step commits its first position alone)."""
+    out, commits, taus = _decode(_family(family), case, monkeypatch)
     assert out.tokens.tolist() == case["output_ids"], case["name"]
     assert int(out.nfe[0]) == out.forwards == case["nfe"]
     assert commits == [s["committed"] for s in case["steps"]]
     assert taus == [s["tau"] for s in case["steps"]]
 
 
-@pytest.mark.parametrize("case", CASES[::3], ids=[c["name"] for c in CASES[::3]])
-def test_streaming_case_under_noise(case: dict, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("family", "case"), ALL_CASES, ids=ALL_IDS)
+def test_streaming_case_under_noise(family: str, case: dict,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """The same tokens and NFE with N(0, 1e-6) noise on every logit (the recorded robustness)."""
-    out, _, _ = _decode(Noisy(_llada(), 1e-6, 3), case, monkeypatch)
+    out, _, _ = _decode(Noisy(_family(family), 1e-6, 3), case, monkeypatch)
     assert out.tokens.tolist() == case["output_ids"], case["name"]
     assert int(out.nfe[0]) == case["nfe"]
 
 
-@pytest.mark.parametrize("case", CASES, ids=[c["name"] for c in CASES])
+@pytest.mark.parametrize("case", CASES + DREAM_CASES, ids=ALL_IDS)
 def test_kept_positions(case: dict) -> None:
     """Each block's kept positions are the reference's position ids of its first forward."""
     args = case["args"]
@@ -118,9 +144,10 @@ def test_kept_positions(case: dict) -> None:
 
 def test_exits_and_tail_cases_recorded() -> None:
     """The fixture holds early exits and blocks whose window reaches the end (no tail)."""
-    assert sum(c["early_exit"] for c in CASES) >= 2
-    assert any(len(k) == len(c["prompt_ids"][0]) + c["args"]["gen_length"]
-               for c in CASES for k in c["kept_positions"][:-1])
+    for cases in (CASES, DREAM_CASES):
+        assert sum(c["early_exit"] for c in cases) >= 2
+        assert any(len(k) == len(c["prompt_ids"][0]) + c["args"]["gen_length"]
+                   for c in cases for k in c["kept_positions"][:-1])
 
 
 def test_plan_computes_fewer_positions_than_prefix() -> None:
@@ -156,20 +183,56 @@ def test_window_reaching_the_end_equals_prefix_cache() -> None:
 
 @pytest.mark.parametrize("family", ["llada", "dream"])
 def test_tiny_families_against_prefix(family: str) -> None:
-    """Dream (shifted logits: the position left of the block is fed too) and LLaDA: a window
-    that reaches the end gives the prefix cache's tokens; a short one prunes and still ends
+    """LLaDA: a window that reaches the end gives the prefix cache's tokens. Dream (shifted
+    logits: the position left of the block is fed as a query only, its K/V those of the
+    block's first forward, as the authors' Dream cache; the prefix plan recomputes them, so
+    the two differ there): under both first-step rules a short window prunes and still ends
     with nothing masked."""
     model = tiny_model(family, seed=3)
     prompt = torch.tensor([[5, 9, 11, 3, 7]])
     kw = {"tau": 0.5, "gen_length": 24, "block_length": 6}
-    a = DiffusionSampler(model, "streaming_dllm", window_tokens=24, **kw).generate(prompt)
     b = DiffusionSampler(model, "streaming_dllm", cache="prefix", **kw).generate(prompt)
-    assert torch.equal(a.tokens, b.tokens) and torch.equal(a.nfe, b.nfe)
-    c = DiffusionSampler(model, "streaming_dllm", window_tokens=2, debug=True,
-                         **kw).generate(prompt)
-    assert not (c.tokens == model.mask_token_id).any()
-    assert sum(c.step_positions) / len(c.step_positions) < sum(b.step_positions) / len(
-        b.step_positions)
+    if family == "llada":
+        a = DiffusionSampler(model, "streaming_dllm", window_tokens=24, **kw).generate(prompt)
+        assert torch.equal(a.tokens, b.tokens) and torch.equal(a.nfe, b.nfe)
+    for first in ("threshold", "position"):
+        c = DiffusionSampler(model, "streaming_dllm", window_tokens=2, debug=True, first=first,
+                             **kw).generate(prompt)
+        assert not (c.tokens == model.mask_token_id).any()
+        assert sum(c.step_positions) / len(c.step_positions) < sum(b.step_positions) / len(
+            b.step_positions)
+
+
+def test_dream_left_neighbour_is_a_query_only() -> None:
+    """Dream's later steps: the block's rows equal the authors' layout (the block, window and
+    tail against the first step's ``[0, bs)`` K/V, the left neighbour's included), and the
+    block's first position reads the left neighbour's output (the authors' layout: its own)."""
+    model = tiny_model("dream", seed=5)
+    p, g, bs, be, window = 5, 24, 11, 17, 3
+    canvas = torch.full((1, p + g), model.mask_token_id)
+    canvas[0, :bs] = torch.arange(2, 2 + bs)
+    positions = torch.arange(p + g)[None]
+    plan = StreamingPlan(model, torch.ones_like(canvas, dtype=torch.bool), positions,
+                         window=window)
+    plan.forward(canvas, (bs, be), bs, 0, bs, False)
+    canvas[0, bs + 2] = 7  # a commit between the two forwards
+    got = plan.forward(canvas, (bs, be), bs, 1, bs, False).logits  # rows [bs, be)
+    first = list(range(be)) + kept_suffix(p + g, be, window)
+    later = torch.tensor([i for i in first if i >= bs])
+    kept = torch.zeros(p + g, dtype=torch.bool)
+    kept[first] = True
+    cache = model.new_cache(1, p + g)
+    idx = torch.tensor(first)
+    with torch.no_grad():
+        before = canvas.clone()
+        before[0, bs + 2] = model.mask_token_id
+        model(before[:, idx], positions[:, idx], cache=cache, slots=idx[None], mask=kept[None],
+              store=True)
+        authors = model(canvas[:, later], positions[:, later], cache=cache, slots=later[None],
+                        mask=kept[None], store=True)
+    torch.testing.assert_close(got[:, 1:], authors[:, 1:be - bs], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(got[:, 0], authors[:, 0], atol=1e-3)  # not its own output
+    assert got.shape[1] == be - bs
 
 
 def test_batch_invariance() -> None:
@@ -238,11 +301,17 @@ def test_defaults_and_tables() -> None:
     bound = sel.bind(tiny_model(), None)
     assert bound.alpha == 0.4 and bound.table == "llada-1.5"
     assert StreamingThreshold().bind(tiny_model("dream"), None).alpha == 0.3
+    assert StreamingThreshold().bind(tiny_model("dream"), None).first == "position"
+    assert bound.first == "threshold"
+    assert StreamingThreshold(first="threshold").bind(tiny_model("dream"), None).first == (
+        "threshold")
     assert BlockEosExit().bind(tiny_model(), None).eos_ids[:1] == tiny_model().eos_token_ids[:1]
     with pytest.raises(ValueError):
         StreamingThreshold(ratio="window")
     with pytest.raises(ValueError):
         StreamingThreshold(task="sudoku")
+    with pytest.raises(ValueError):
+        StreamingThreshold(first="block")
     plan = streaming_plan(tiny_model(), CacheMode.STREAMING, torch.ones(1, 40, dtype=torch.bool),
                           torch.arange(40)[None], DiffusionSampler(tiny_model()).config)
     assert plan.window == 96 and plan.tail == 1

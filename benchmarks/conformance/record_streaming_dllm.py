@@ -19,6 +19,25 @@ it (its ``modeling_llada.py`` imports its configuration relatively). Two module 
 wrapped for *recording* only (they return what they wrap): ``get_transfer_index`` (the
 committed positions per step) and ``context_aware_threshold`` (tau per step).
 
+Dream (``--family dream``, fixture ``streaming_dllm_dream.json``): the authors' Dream loop,
+``Dream/model/generation_utils_block.py`` ``DreamGenerationMixin.diffusion_generate`` /
+``_sample`` bound to the repository's ``Dream/model/modeling_dream.py`` ``DreamModel`` as
+``Dream/eval.py`` binds them with ``use_cache=true`` (``alg="confidence_threshold"``), on
+dream-tiny (mask 440, EOS 436)::
+
+    OMP_NUM_THREADS=1 python benchmarks/conformance/record_streaming_dllm.py --family dream \
+        --repo /path/to/Streaming-dLLM --checkpoint ../shared/conformance/dream-tiny \
+        --out tests/fixtures/methods2026/streaming_dllm_dream.json
+
+Runtime patches (Dream): ``matplotlib`` (imported, unused, by ``generation_utils_block.py``;
+absent from the reference environment) is an empty stub module; the ``model`` folder is
+exported without its ``__init__.py`` (a namespace package: that file imports the tokenizer,
+unused here). ``context_aware_threshold`` is wrapped to record tau; the model's ``forward``
+is wrapped to record each forward's input (commits: positions masked at one forward and not
+at the next) and to add the noise. ``mask_token_id``, ``eos`` (436), ``threshold``,
+``block_length``, ``window_size`` and ``confidence_alpha`` are arguments; the Dream code
+counts no NFE: the forwards are counted.
+
 Each case keeps the reference's output ids, its NFE, per block the kept positions ``K_n`` (the
 position ids of the block's first forward), per step the committed answer positions and tau,
 and whether the early exit fired. A case is kept only if it is unchanged when N(0, 1e-6) noise
@@ -139,12 +158,16 @@ def run(gen_mod: Any, model: Any, prompt: torch.Tensor, g: int, k: int, tau: flo
     return out, int(nfe), info
 
 
-def stable(gen_mod: Any, model: Any, prompt: torch.Tensor, args: tuple) -> tuple[bool, Any]:
-    out, nfe, info = run(gen_mod, model, prompt, *args)
-    again, nfe2, _ = run(gen_mod, model, prompt, *args)
+def stable(gen_mod: Any, model: Any, prompt: torch.Tensor, args: tuple,
+           runner: Any = None) -> tuple[bool, Any]:
+    """Rerun identical and unchanged under three N(0, 1e-6) logit-noise draws (``runner``:
+    ``run`` or ``run_dream``, called with ``gen_mod, model`` / ``model, blk``)."""
+    runner = runner or run
+    out, nfe, info = runner(gen_mod, model, prompt, *args)
+    again, nfe2, _ = runner(gen_mod, model, prompt, *args)
     ok = torch.equal(out, again) and nfe == nfe2
     for draw in range(3):
-        noisy, nfe3, _ = run(gen_mod, model, prompt, *args, 1e-6, draw)
+        noisy, nfe3, _ = runner(gen_mod, model, prompt, *args, 1e-6, draw)
         ok = ok and torch.equal(out, noisy) and nfe == nfe3
     return ok, (out, nfe, info)
 
@@ -178,13 +201,182 @@ def _exited(out: torch.Tensor, p: int, g: int, k: int, info: dict) -> bool:
     return len(info["kept"]) < g // k
 
 
+# --- Dream: the authors' Dream loop (Dream/model/generation_utils_block.py) on dream-tiny ---
+
+DREAM_MASK, DREAM_EOS = 440, 436  # dream-tiny: ids >= 436 are special
+#: (name, prompt length, gen_length, block_length, threshold tau0, window, alpha, prompt seed)
+DREAM_SETTINGS = [
+    ("dream_w8_a03_b8", 8, 32, 8, 0.5, 8, 0.3, 1),
+    ("dream_w32_a03_b16", 8, 64, 16, 0.9, 32, 0.3, 2),
+    ("dream_w8_a04_b16", 10, 64, 16, 0.7, 8, 0.4, 3),
+    ("dream_w16_a06_b8", 9, 48, 8, 0.5, 16, 0.6, 4),
+    ("dream_w4_a03_b8", 12, 40, 8, 0.3, 4, 0.3, 5),
+    ("dream_w96_a04_b32", 7, 64, 32, 0.6, 96, 0.4, 6),  # L - be <= window: no separate tail
+    ("dream_w0_tail_only_b16", 11, 48, 16, 0.5, 0, 0.3, 7),
+    ("dream_w12_a09_b16", 6, 64, 16, 0.8, 12, 0.9, 8),
+    ("dream_w24_a00_b16", 10, 80, 16, 0.4, 24, 0.0, 9),
+    ("dream_w32_a06_b32", 9, 96, 32, 0.2, 32, 0.6, 10),
+]
+DREAM_EXITS = (("dream_exit_b8_w16", 8, 64, 8, 0.5, 16, 0.3),
+               ("dream_exit_b16_w8", 10, 64, 16, 0.7, 8, 0.4),
+               ("dream_exit_b4_w32", 6, 48, 4, 0.3, 32, 0.6))
+
+
+def load_dream(repo: Path, checkpoint: Path) -> tuple[Any, Any]:
+    """``DreamModel`` of the exported ``model`` folder with the checkpoint's weights, and the
+    ``generation_utils_block`` module (its mixin bound as ``Dream/eval.py`` binds it)."""
+    import types
+
+    from safetensors.torch import load_file
+
+    for name in ("matplotlib", "matplotlib.pyplot"):  # imported, unused (see the docstring)
+        sys.modules.setdefault(name, types.ModuleType(name))
+    scratch = Path(tempfile.mkdtemp(prefix="streaming_dream_ref_"))
+    export(repo, COMMIT, {f"Dream/model/{f}.py": f"{f}.py" for f in (
+        "generation_utils_block", "generation_utils", "sampler", "modeling_dream",
+        "configuration_dream")}, scratch / "model")
+    sys.path.insert(0, str(scratch))
+    conf = importlib.import_module("model.configuration_dream")
+    mod = importlib.import_module("model.modeling_dream")
+    blk = importlib.import_module("model.generation_utils_block")
+    model = mod.DreamModel(conf.DreamConfig(**json.loads((checkpoint / "config.json")
+                                                         .read_text())))
+    missing, unexpected = model.load_state_dict(load_file(str(checkpoint / "model.safetensors")),
+                                                strict=False)
+    if missing or unexpected:
+        raise RuntimeError(f"checkpoint mismatch: missing {missing}, unexpected {unexpected}")
+    model = model.float().eval()
+    model.diffusion_generate = types.MethodType(blk.DreamGenerationMixin.diffusion_generate,
+                                                model)
+    model._sample = types.MethodType(blk.DreamGenerationMixin._sample, model)
+    return model, blk
+
+
+def run_dream(model: Any, blk: Any, prompt: torch.Tensor, g: int, k: int, tau: float,
+              window: int, alpha: float, noise: float = 0.0,
+              seed: int = 0) -> tuple[torch.Tensor, int, dict]:
+    """The authors' Dream loop once: output ids, forwards, and per step tau / commits."""
+    gen = torch.Generator().manual_seed(seed)
+    calls: list[dict[str, Any]] = []
+    taus: list[float | None] = []
+    base_forward, base_tau = type(model).forward, blk.context_aware_threshold
+
+    def forward(x: torch.Tensor, *args: Any, **kw: Any) -> Any:
+        pos = args[1] if len(args) > 1 else kw["position_ids"]
+        calls.append({"canvas": x._base.clone() if x._base is not None else x.clone(),
+                      "positions": pos[0].tolist(), "width": x.shape[1],
+                      "cached": kw.get("past_key_values") is not None})
+        taus.append(None)
+        out = base_forward(model, x, *args, **kw)
+        if noise:
+            out.logits = out.logits + noise * torch.randn(out.logits.shape, generator=gen)
+        return out
+
+    def threshold(**kw: Any) -> float:
+        out = base_tau(**kw)
+        taus[-1] = out
+        return out
+
+    model.forward, blk.context_aware_threshold = forward, threshold
+    try:
+        out = model.diffusion_generate(
+            prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=g, steps=g // k,
+            temperature=0.0, alg="confidence_threshold", threshold=tau, block_length=k,
+            eos=DREAM_EOS, window_size=window, confidence_alpha=alpha,
+            mask_token_id=DREAM_MASK, output_history=False,
+            return_dict_in_generate=True).sequences
+    finally:
+        del model.forward
+        blk.context_aware_threshold = base_tau
+    p = prompt.shape[1]
+    steps = []
+    for i, call in enumerate(calls):
+        block = sum(1 for c in calls[:i + 1] if not c["cached"]) - 1
+        end = p + (block + 1) * k
+        after = calls[i + 1]["canvas"][0] if i + 1 < len(calls) else out[0]
+        before = call["canvas"][0]
+        done = (before[:end] == DREAM_MASK) & (after[:end] != DREAM_MASK)
+        steps.append({"tau": taus[i], "committed": [int(j) - p for j in torch.nonzero(done)]})
+    info = {"steps": steps, "kept": [c["positions"] for c in calls if not c["cached"]],
+            "widths": [c["width"] for c in calls]}
+    return out, len(calls), info
+
+
+def dream_case(name: str, prompt: torch.Tensor, args: tuple, result: Any) -> dict[str, Any]:
+    g, k, tau, window, alpha = args
+    out = case(name, prompt, args, result)
+    out.update({
+        "reference_path": "Dream/model/generation_utils_block.py",
+        "reference_function": "DreamGenerationMixin.diffusion_generate (_sample, "
+                              "alg=confidence_threshold)",
+        "model_forward": "Dream/model/modeling_dream.py of the same commit (position_ids with "
+                         "past_key_values), fp32, CPU",
+        "args": {"gen_length": g, "block_length": k, "steps": g // k, "temperature": 0.0,
+                 "alg": "confidence_threshold", "mask_token_id": DREAM_MASK, "eos": DREAM_EOS,
+                 "threshold": tau, "window_size": window, "confidence_alpha": alpha},
+    })
+    return out
+
+
+def record_dream(repo: Path, checkpoint: Path, out_path: Path) -> None:
+    model, blk = load_dream(repo, checkpoint)
+    cases = []
+    with torch.no_grad():
+        for name, p, g, k, tau, window, alpha, seed in DREAM_SETTINGS:
+            prompt = torch.randint(0, DREAM_EOS, (1, p),
+                                   generator=torch.Generator().manual_seed(seed))
+            ok, result = stable(model, blk, prompt, (g, k, tau, window, alpha), run_dream)
+            print(f"{name}: nfe {result[1]}, blocks entered {len(result[2]['kept'])}, "
+                  f"noise-stable {ok}")
+            if ok:
+                cases.append(dream_case(name, prompt, (g, k, tau, window, alpha), result))
+        for name, p, g, k, tau, window, alpha in DREAM_EXITS:
+            for seed in EXIT_SEEDS:
+                prompt = torch.randint(0, DREAM_EOS, (1, p),
+                                       generator=torch.Generator().manual_seed(seed))
+                result = run_dream(model, blk, prompt, g, k, tau, window, alpha)
+                if not _exited(result[0], p, g, k, result[2]):
+                    continue
+                ok, result = stable(model, blk, prompt, (g, k, tau, window, alpha), run_dream)
+                print(f"{name} (seed {seed}): nfe {result[1]}, blocks entered "
+                      f"{len(result[2]['kept'])} of {g // k}, noise-stable {ok}")
+                if ok:
+                    cases.append(dream_case(name, prompt, (g, k, tau, window, alpha), result))
+                    break
+    meta = {
+        "reference": f"{REPO} @ {COMMIT}, Dream/model/generation_utils_block.py "
+                     "DreamGenerationMixin._sample (alg=confidence_threshold, as Dream/eval.py "
+                     "with use_cache=true)",
+        "checkpoint": "../shared/conformance/dream-tiny (mask 440, EOS 436, vocabulary 448)",
+        "command": "OMP_NUM_THREADS=1 python benchmarks/conformance/record_streaming_dllm.py "
+                   "--family dream --repo <Streaming-dLLM snapshot> --checkpoint "
+                   "../shared/conformance/dream-tiny --out "
+                   "tests/fixtures/methods2026/streaming_dllm_dream.json",
+        "patched": "no line of the authors' code: matplotlib (imported, unused) is an empty "
+                   "stub module; Dream/model/__init__.py is not exported (it imports the "
+                   "tokenizer); context_aware_threshold and the model's forward are wrapped to "
+                   "record (returning what they return; the forward adds the noise)",
+        "nfe": "forwards counted (the Dream code counts none): per block one forward over "
+               "[0, block end) + window + tail (it commits the block's first position alone), "
+               "then one per step over block + window + tail against the [0, block start) "
+               "cache",
+        "steps": "per forward: tau (null at a block's first forward), the committed answer "
+                 "positions",
+    }
+    write_fixture(out_path, meta, cases)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--repo", type=Path, required=True)
     ap.add_argument("--checkpoint", type=Path, required=True)
     ap.add_argument("--out", type=Path, required=True)
+    ap.add_argument("--family", choices=("llada", "dream"), default="llada")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    if args.family == "dream":
+        record_dream(args.repo, args.checkpoint, args.out)
+        return
     scratch = Path(tempfile.mkdtemp(prefix="streaming_ref_"))
     export(args.repo, COMMIT, {"LLaDA-1.5/generate.py": "generate.py",
                                "LLaDA-1.5/sampler.py": "sampler.py"}, scratch)

@@ -14,10 +14,19 @@ tail keeps the sequence's end at its true RoPE position (the paper's attenuation
 
 * The block's **first step** feeds every kept position (the reference's pruned full forward)
   and stores their K/V; attention sees the kept positions only.
-* Its **following steps** feed the block, the window and the tail (Dream: also the position
-  left of the block, whose hidden state predicts the block's first position) against the K/V
-  of ``[0, bs)`` stored by the first step. So the prefix K/V of a block are computed in a
+* Its **following steps** feed the block, the window and the tail against the K/V of
+  ``[0, bs)`` stored by the first step. So the prefix K/V of a block are computed in a
   forward whose context was already pruned, as in the reference.
+* Shifted logits (Dream): the following steps also feed the position left of the block as a
+  **query only** (its hidden state predicts the block's first position): its fresh K/V are
+  hidden, the keys are the stored ``[0, bs)`` (its first-step K/V included) and the fresh
+  block, window and tail, so every other row equals the authors' Dream forward
+  (``Dream/model/generation_utils_block.py``: ``x[:, bs:]`` against the ``[0, bs)`` cache).
+  Those forwards attend without storing (``store=False``: SDPA, not the Triton kernels). The
+  authors' Dream code reads the block's first position from its own output in those
+  forwards; its first-step rule (``policies.streaming``, ``first="position"``) commits that
+  position first, so the two agree token for token; the left neighbour keeps other selectors
+  correct.
 
 ``Fed.fed_start`` / ``fed_width`` are the reference forward's span (the first step: ``0`` and
 ``|K|``; later: ``bs`` and ``|K| - bs``): its random draws have that shape, and the mask ratio
@@ -80,9 +89,11 @@ class StreamingPlan(ForwardPlan):
         self.window, self.tail = window, tail
 
     def _block_sets(self, bs: int, be: int) -> tuple[list[int], list[int], Tensor, Tensor,
-                                                     Tensor]:
+                                                     Tensor, Tensor | None]:
         """Per block (memoised): the first step's fed positions and the later steps' (host
-        lists), the same as tensors and the key mask ``[B', L]`` (kept and valid)."""
+        lists), the same as tensors, the first step's key mask ``[B', L]`` (kept and valid)
+        and, for shifted logits, the later steps' ``[B', L + N]`` (cache ``[0, bs)``, then
+        the fed keys from ``bs`` on)."""
         key = ("streaming", bs, be)
         out = self._memo.get(key)
         if out is None:
@@ -93,9 +104,14 @@ class StreamingPlan(ForwardPlan):
             first_t = torch.tensor(first, dtype=torch.long, device=device)
             kept = torch.zeros(self.length, dtype=torch.bool, device=device)
             kept[first_t] = True
-            out = self._memo[key] = (first, later, first_t,
-                                     torch.tensor(later, dtype=torch.long, device=device),
-                                     self.valid & kept[None])
+            later_t = torch.tensor(later, dtype=torch.long, device=device)
+            keys = self.valid & kept[None]
+            later_keys = None
+            if self.shift and later and later[0] < bs:  # the left neighbour: a query only
+                prefix = keys & (torch.arange(self.length, device=device) < bs)[None]
+                later_keys = torch.cat((prefix, self.valid.index_select(1, later_t)
+                                        & (later_t >= bs)[None]), dim=1)
+            out = self._memo[key] = (first, later, first_t, later_t, keys, later_keys)
         return out
 
     def forward(self, canvas: Tensor, block: tuple[int, int], aligned_start: int,
@@ -106,8 +122,11 @@ class StreamingPlan(ForwardPlan):
         be)`` (with ``full_span``: every fed position from ``lo`` on; positions that are not
         kept get none). Host integers only, no sync."""
         bs, be = block
-        first, later, first_t, later_t, keys = self._block_sets(bs, be)
+        first, later, first_t, later_t, keys, later_keys = self._block_sets(bs, be)
         refresh = step_in_block == 0
+        store = refresh or later_keys is None
+        if not store:
+            keys = later_keys
         fed, idx = (first, first_t) if refresh else (later, later_t)
         start = fed[0] if fed else bs
         lo_eff = lo if refresh else max(lo, bs)
@@ -119,12 +138,11 @@ class StreamingPlan(ForwardPlan):
             rows, span = self._arange(lo_eff, be), (lo_eff, be)
         logits = self.model(canvas.index_select(1, idx), self.positions.index_select(1, idx),
                             cache=self.cache, slots=idx[None].expand(canvas.shape[0], -1),
-                            mask=keys, store=True, hidden_rows=hidden)
+                            mask=keys, store=store, hidden_rows=hidden)
         n_kept = len(first)
         fed_start, fed_width = (0, n_kept) if refresh else (bs, n_kept - bs)
         return Fed(logits, rows, fed_start, fed_width, refresh=refresh,
                    double_draw=not refresh, span=span, positions=float(len(fed)))
-
 
     def extra_forward(self, canvas: Tensor, tokens: Tensor, positions: Tensor,
                       mask: Tensor) -> Tensor:

@@ -40,7 +40,23 @@ softmax does); the sink mean runs over each row's valid (not left-padding) query
 the reference's mean when there is no padding; rows of a batch are independent (the
 reference's batch-wide ``min()`` tests run the greedy set and the fallback for all rows when
 one row needs them; its recorded runs use batch 1). Defaults: ``generate()``'s (LLaDA); the
-authors' Dream scripts use tau_sink 0.03, tau_edge 0.10, tau_induce 0.75, tau_low 0.8.
+authors' Dream scripts use tau_sink 0.03, tau_edge 0.10, tau_induce 0.75, tau_low 0.8
+(``diffusion_generate``'s own defaults: tau_induce 0.9, the others as LLaDA's).
+
+**Dream** (``dream/model/generation_utils.py`` ``_sample_block``, ``alg == 'dawn'``, same
+commit): the same rule, step for step (``tau_low`` is its ``conf_threshold``; its nodes test
+``c < 0.9`` where LLaDA's drop ``H``: the same set), on the shifted logits, with the
+confidence of its ``sample_tokens`` (an fp32 softmax over the whole vocabulary, not LLaDA's
+float64: ``rng="reference"`` keeps the mask column); the quirk writes at position 0 the
+shifted argmax there (the raw output of position 0), as the library's Dream proposal does;
+the layer cut-off is ``>= 24`` of Dream-7B's 28 (4 layers, the default). A
+``diffusion_generate`` call that leaves ``top_k`` out inherits the model config's legacy
+``top_k=50``, which filters the softmax behind the confidences (the authors' ``eval.py``
+passes ``top_k=None``): pass ``top_k=50`` to reproduce such a call. Not reproduced: the
+reference's padded batches (its modeling ignores the ``tok_idx`` positions it is given and
+its attention-map helper adds the boolean padding mask, +1, instead of masking); here a
+padded row decodes as alone. Checked token for token (canvas, NFE, each step's sets) on 14
+cases recorded from that code on the conformance Dream checkpoint (``dawn_dream.json``).
 """
 
 from __future__ import annotations

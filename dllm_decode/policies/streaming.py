@@ -28,10 +28,21 @@ Paper vs code (the code is the default; each difference an option, arXiv 2601.17
   paper exits "when EOS is decoded with high confidence" but names no threshold; the code's
   any-EOS rule is what runs (no confidence option).
 
+Per family (the authors' code differs; the library follows each family's by default):
+
+* ``first="threshold"`` (LLaDA, ``generate_with_prefix_cache``): the block's first step is the
+  rule above with ``tau0``.
+* ``first="position"`` (Dream, ``Dream/model/generation_utils_block.py::_sample`` with
+  ``alg="confidence_threshold"``): the block's first step commits the block's **first
+  position** alone (its argmax, whatever its confidence); the ratio rule runs from the second
+  step on. The Dream code's later forwards start at the block, so the block's first position
+  would read its own (unshifted) output there; committing it first is what makes that
+  harmless. ``first=None`` picks by the model family at bind (``FIRST_RULE``).
+
 Not reproduced: the reference's batch coupling (its mask ratio sums masks over the batch and
-one row's EOS exits every row); here every row decodes as it does alone. Dream: the authors'
-Dream loop commits only the block's first position at a block's first step; here Dream runs
-the LLaDA rule (``tau0`` plus the argmax).
+one row's EOS exits every row; the Dream loop's later steps commit in row 0 only); here every
+row decodes as it does alone. With ``block_length=1`` the Dream loop spends one more forward
+per block after its first step (it commits nothing); here a completed block ends.
 
 ``STREAMING_TASKS``: the paper's Table 11 (``window`` in tokens, ``alpha``) per model row and
 task at 256 / 512 generated tokens; ``task`` and ``table`` pick ``alpha`` (at bind, by the
@@ -64,7 +75,10 @@ STREAMING_TASKS: Final[dict[str, dict[str, tuple[tuple[int, float], tuple[int, f
 }
 #: the table a model family reads by default (others: LLaDA-1.5's, the scripts' model)
 FAMILY_TABLE: Final[dict[str, str]] = {"dream": "dream-base"}
+#: the block's first-step rule a model family runs by default (others: ``"threshold"``)
+FIRST_RULE: Final[dict[str, str]] = {"dream": "position"}
 RATIOS: Final = ("query", "block")
+FIRSTS: Final = ("threshold", "position")
 
 
 def task_setting(table: str, task: str, gen_length: int) -> tuple[int, float]:
@@ -84,7 +98,9 @@ class StreamingThreshold:
 
     ``tau``: tau0; ``alpha``: the decay (``None``: ``STREAMING_TASKS[table][task]``, resolved
     at bind); ``task`` / ``table`` (``None``: by the model family); ``ratio``: ``"query"``
-    (the code) or ``"block"``.
+    (the code) or ``"block"``; ``first``: the block's first step, ``"threshold"`` (LLaDA's
+    code) or ``"position"`` (Dream's code: the block's first position alone); ``None``: by
+    the model family at bind.
     """
 
     tau: float = 0.9
@@ -92,6 +108,7 @@ class StreamingThreshold:
     task: str = "gsm8k"
     table: str | None = None
     ratio: str = "query"
+    first: str | None = None
 
     #: adaptive; reads the probability at eligible positions only
     capabilities = Capabilities(budgeted=False, proposal_fields=(), reads_masked_only=True,
@@ -105,6 +122,9 @@ class StreamingThreshold:
         if self.ratio not in RATIOS:
             raise ValueError(f"StreamingThreshold ratio must be one of {RATIOS}, got "
                              f"{self.ratio!r}")
+        if self.first is not None and self.first not in FIRSTS:
+            raise ValueError(f"StreamingThreshold first must be one of {FIRSTS} or None, got "
+                             f"{self.first!r}")
         task_setting(self.table or "llada-1.5", self.task, 256)  # names checked here
 
     @property
@@ -113,9 +133,10 @@ class StreamingThreshold:
         return fast_dllm_loop(ScoreKind.PROB)
 
     def bind(self, model: Any, cfg: Any = None) -> StreamingThreshold:
-        """Resolve ``alpha`` from the task table (the family's, ``cfg.gen_length``'s column);
-        refuse a task whose window differs from the plan's default when ``window_tokens`` is
-        not given (the window is the plan's, ``cache.streaming``)."""
+        """Resolve ``alpha`` from the task table (the family's, ``cfg.gen_length``'s column)
+        and ``first`` from the family (``FIRST_RULE``); refuse a task whose window differs
+        from the plan's default when ``window_tokens`` is not given (the window is the
+        plan's, ``cache.streaming``)."""
         family = getattr(model, "family", "")
         table = self.table or FAMILY_TABLE.get(family, "llada-1.5")
         gen = getattr(cfg, "gen_length", 256) or 256
@@ -127,7 +148,9 @@ class StreamingThreshold:
                 raise ValueError(f"streaming_dllm task={self.task!r} ({table}, {gen} tokens) "
                                  f"decodes with a window of {window} tokens; the plan's "
                                  f"default is {default}: pass window_tokens={window}")
-        return replace(self, table=table, alpha=alpha if self.alpha is None else self.alpha)
+        first = self.first or FIRST_RULE.get(family, "threshold")
+        return replace(self, table=table, alpha=alpha if self.alpha is None else self.alpha,
+                       first=first)
 
     def mask_ratio(self, state: StepState) -> Tensor | None:
         """``[B]`` float64 mask ratio this step (``None``: the block's first step with
@@ -144,7 +167,13 @@ class StreamingThreshold:
         return count / float(width)
 
     def select(self, state: StepState) -> Tensor:
-        """Commit eligible positions with ``prob >= tau(t)``, plus each row's best one."""
+        """Commit eligible positions with ``prob >= tau(t)``, plus each row's best one (at a
+        block's first step with ``first="position"``: the block's first position alone)."""
+        if self.first == "position" and state.block_step == 0:
+            bs = int(state.block_start)  # a host int (no row_steps)
+            commit = torch.zeros_like(state.eligible)
+            commit[:, bs] = state.eligible[:, bs]
+            return commit
         ratio = self.mask_ratio(state)
         alpha = 0.4 if self.alpha is None else self.alpha
         tau: float | Tensor = self.tau
@@ -194,11 +223,13 @@ class BlockEosExit:
 
 def streaming_dllm_policy(task: str = "gsm8k", table: str | None = None, tau: float = 0.9,
                           alpha: float | None = None, ratio: str = "query",
-                          early_exit: bool = True, eot: bool = False) -> Policy:
+                          early_exit: bool = True, eot: bool = False,
+                          first: str | None = None) -> Policy:
     """The ``streaming_dllm`` preset: ``StreamingThreshold`` (the paper's GSM8K row by default;
-    ``task``, ``table``, ``alpha`` override it) with the ``BlockEosExit`` truncator
-    (``early_exit``), on ``cache="streaming"`` by default. The authors decode in blocks of 32
-    (``block_length=32``)."""
-    selector = StreamingThreshold(tau=tau, alpha=alpha, task=task, table=table, ratio=ratio)
+    ``task``, ``table``, ``alpha`` override it; ``first``: the block's first-step rule, by the
+    family when ``None``) with the ``BlockEosExit`` truncator (``early_exit``), on
+    ``cache="streaming"`` by default. The authors decode in blocks of 32 (``block_length=32``)."""
+    selector = StreamingThreshold(tau=tau, alpha=alpha, task=task, table=table, ratio=ratio,
+                                  first=first)
     return Policy(selector=selector, truncator=BlockEosExit(eot=eot) if early_exit else None,
                   name="streaming_dllm")

@@ -80,7 +80,7 @@ NOT_SERVED: Final[dict[str, str]] = {
     "cache": "SGLang keeps the prefix K/V in its radix cache and feeds one block per forward, "
              "which is cache='block_causal' (the only value accepted)",
     "refresh_every": "cache refreshes belong to the library's prefix / dual / window plans",
-    "window_tokens": "Window-Diffusion prunes a bidirectional canvas (cache='window')",
+    "window_tokens": "window pruning of a bidirectional canvas (cache='window' / 'streaming')",
     "active_tokens": "Window-Diffusion prunes a bidirectional canvas (cache='window')",
     "window_truncate": "Window-Diffusion prunes a bidirectional canvas (cache='window')",
     "causal_prefix": "SGLang computes committed blocks' K/V block-causally",
