@@ -352,3 +352,33 @@ def fastdllm2_batch_forwards(case: dict[str, Any], rows: list[Any]) -> int:
         running = [r for r in running if last[r] > blk]
         total += int(bool(running))
     return total
+
+
+class GaussianNoise:
+    """A model with ``N(0, std)`` noise on every logit (a fixed generator per instance): a
+    recorded case must not depend on fp32 rounding."""
+
+    def __init__(self, model: Any, std: float, seed: int) -> None:
+        self._model, self._std = model, std
+        self._gen = torch.Generator().manual_seed(seed)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        out = self._model(*args, **kwargs)
+        return out + self._noise(out)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
+        return self.forward(*args, **kwargs)
+
+    def _noise(self, out: torch.Tensor) -> torch.Tensor:
+        return self._std * torch.randn(out.shape, generator=self._gen).to(out.dtype)
+
+
+class RelativeNoise(GaussianNoise):
+    """A model with relative noise ``std (1 + |z|) U(-1, 1)`` on every logit ``z``."""
+
+    def _noise(self, out: torch.Tensor) -> torch.Tensor:
+        u = torch.rand(out.shape, generator=self._gen, dtype=torch.float64) * 2 - 1
+        return (self._std * (1 + out.double().abs()) * u).to(out.dtype)

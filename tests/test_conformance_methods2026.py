@@ -31,6 +31,7 @@ import torch
 
 from dllm_decode import DiffusionSampler, load_model
 from tests.conformance import CONFORMANCE, require_shared
+from tests.conformance import RelativeNoise as Noisy
 from tests.mock_models import ScriptedLM, by_step
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -52,27 +53,10 @@ CACHES = {"generate": "none", "generate_with_prefix_cache": "prefix",
           "generate_with_dual_cache": "dual"}
 
 
-class Noisy:
-    """A model whose logits get ``NOISE * (1 + |logit|) * U(-1, 1)`` (seeded) added."""
-
-    def __init__(self, model: Any, seed: int) -> None:
-        self._model, self._gen = model, torch.Generator().manual_seed(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        logits = self._model.forward(*args, **kwargs)
-        u = torch.rand(logits.shape, generator=self._gen, dtype=torch.float64) * 2 - 1
-        return logits + (NOISE * (1 + logits.double().abs()) * u).to(logits.dtype)
-
-    __call__ = forward
-
-
 def _llada_tiny(noisy: bool) -> Any:
     if not _MODEL:
         _MODEL.append(load_model(require_shared(CONFORMANCE / "llada-tiny")))
-    return Noisy(_MODEL[0], seed=7) if noisy else _MODEL[0]
+    return Noisy(_MODEL[0], NOISE, seed=7) if noisy else _MODEL[0]
 
 
 def frechet_settings(case: dict[str, Any]) -> tuple[str, dict[str, Any]]:
@@ -116,7 +100,7 @@ def _run(case: dict[str, Any], policy: str, params: dict[str, Any], noisy: bool)
         model = ScriptedLM(by_step(torch.tensor(case["scripted_logits"])),
                            vocab_size=case["vocab_size"], mask_token_id=case["mask_id"],
                            eos_token_ids=(case["eos_id"],))
-        model = Noisy(model, seed=7) if noisy else model
+        model = Noisy(model, NOISE, seed=7) if noisy else model
     else:
         model = _llada_tiny(noisy)
         assert case["args"].get("mask_id", model.mask_token_id) == model.mask_token_id

@@ -27,6 +27,7 @@ from dllm_decode.policies.resolve import compose, make_policy
 from dllm_decode.train.testbed import waiting_line_oracle
 from dllm_decode.types import Proposal, StepState
 from tests.conformance import CONFORMANCE, require_shared
+from tests.conformance import RelativeNoise as Noisy
 from tests.helpers import tiny_model
 from tests.mock_models import ScriptedLM, from_probs
 
@@ -50,22 +51,6 @@ def _dream() -> Any:
         _MODEL["dream"] = load_model(require_shared(CONFORMANCE / "dream-tiny"))
         assert _MODEL["dream"].mask_token_id == 440
     return _MODEL["dream"]
-
-
-class Noisy:
-    """The model with relative noise ``std (1 + |z|) U(-1, 1)`` on every logit."""
-
-    def __init__(self, model: Any, std: float, seed: int) -> None:
-        self._model, self._std = model, std
-        self._gen = torch.Generator().manual_seed(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        out = self._model(*args, **kwargs)
-        u = torch.rand(out.shape, generator=self._gen, dtype=torch.float64) * 2 - 1
-        return out + (self._std * (1 + out.double().abs()) * u).to(out.dtype)
 
 
 def _policy(case: dict, **extra: Any) -> Dawn:

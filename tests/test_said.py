@@ -31,6 +31,7 @@ from dllm_decode.policies.said import (
     said_stage_partition,
 )
 from tests.conformance import CONFORMANCE, require_shared
+from tests.conformance import RelativeNoise as Noisy
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -41,27 +42,10 @@ NOISE = 1e-6
 _MODEL: list[Any] = []
 
 
-class Noisy:
-    """A model whose logits get ``NOISE * (1 + |logit|) * U(-1, 1)`` (seeded) added."""
-
-    def __init__(self, model: Any, seed: int) -> None:
-        self._model, self._gen = model, torch.Generator().manual_seed(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def forward(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        logits = self._model.forward(*args, **kwargs)
-        u = torch.rand(logits.shape, generator=self._gen, dtype=torch.float64) * 2 - 1
-        return logits + (NOISE * (1 + logits.double().abs()) * u).to(logits.dtype)
-
-    __call__ = forward
-
-
 def _llada_tiny(noisy: bool = False) -> Any:
     if not _MODEL:
         _MODEL.append(load_model(require_shared(CONFORMANCE / "llada-tiny")))
-    return Noisy(_MODEL[0], seed=7) if noisy else _MODEL[0]
+    return Noisy(_MODEL[0], NOISE, seed=7) if noisy else _MODEL[0]
 
 
 def settings(case: dict[str, Any]) -> tuple[str, dict[str, Any]]:

@@ -34,6 +34,7 @@ from dllm_decode.policies.streaming import (
 )
 from dllm_decode.types import CacheMode
 from tests.conformance import CONFORMANCE, require_shared
+from tests.conformance import GaussianNoise as Noisy
 from tests.helpers import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -61,21 +62,6 @@ def _dream() -> Any:
 
 def _family(name: str) -> Any:
     return _dream() if name == "dream" else _llada()
-
-
-class Noisy:
-    """The model with N(0, std) noise on every logit (a fixed generator per instance)."""
-
-    def __init__(self, model: Any, std: float, seed: int) -> None:
-        self._model, self._std = model, std
-        self._gen = torch.Generator().manual_seed(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        out = self._model(*args, **kwargs)
-        return out + self._std * torch.randn(out.shape, generator=self._gen).to(out.dtype)
 
 
 def _window(monkeypatch: pytest.MonkeyPatch, window: int) -> dict[str, Any]:

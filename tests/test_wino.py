@@ -20,6 +20,7 @@ from dllm_decode import DiffusionSampler, load_model
 from dllm_decode.policies.resolve import make_policy
 from dllm_decode.policies.wino import LAST_ACCEPT_INIT, WideIn, Wino
 from tests.conformance import CONFORMANCE, require_shared
+from tests.conformance import GaussianNoise as Noisy
 from tests.helpers import tiny_model
 from tests.mock_models import Call, ScriptedLM, from_probs
 
@@ -35,21 +36,6 @@ def _llada() -> Any:
         _MODEL["llada"] = load_model(require_shared(CONFORMANCE / "llada-tiny"),
                                      mask_token_id=500)
     return _MODEL["llada"]
-
-
-class Noisy:
-    """The model with N(0, std) noise on every logit (a fixed generator per instance)."""
-
-    def __init__(self, model: Any, std: float, seed: int) -> None:
-        self._model, self._std = model, std
-        self._gen = torch.Generator().manual_seed(seed)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._model, name)
-
-    def __call__(self, *args: Any, **kwargs: Any) -> torch.Tensor:
-        out = self._model(*args, **kwargs)
-        return out + self._std * torch.randn(out.shape, generator=self._gen).to(out.dtype)
 
 
 def _decode(model: Any, case: dict, **extra: Any) -> tuple[Any, list[list[int]]]:

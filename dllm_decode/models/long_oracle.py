@@ -19,8 +19,8 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from dllm_decode.models.calibration import Calibration, confusion_partners
-from dllm_decode.models.long_answer import ANSWER, EOS, MASK, PAD, LongCodec
-from dllm_decode.models.oracle import CALIBRATED_FLOOR, visible_keys
+from dllm_decode.models.long_answer import ANSWER, LongCodec
+from dllm_decode.models.oracle import CALIBRATED_FLOOR, WordOracleAttrs, visible_keys
 
 REFUSED = "LongAnswerOracle cannot serve this forward exactly"
 USE_INSTEAD = ("; the long-answer oracle serves plain forwards of whole canvases only: decode "
@@ -28,7 +28,7 @@ USE_INSTEAD = ("; the long-answer oracle serves plain forwards of whole canvases
                "student (testbed-long-llada)")
 
 
-class LongAnswerOracle(nn.Module):
+class LongAnswerOracle(WordOracleAttrs, nn.Module):
     """The exact-conditional model of the long-answer tasks.
 
     Args:
@@ -40,10 +40,6 @@ class LongAnswerOracle(nn.Module):
     Satisfies the ``DiffusionLM`` contract: bidirectional, position-aligned logits, no cache.
     Forward cost: a Python pass over the rows plus one closed-form posterior per row.
     """
-
-    attention: str = "bidirectional"
-    block_size: int | None = None
-    logit_shift: int = 0
 
     def __init__(self, names: Iterable[str], *, gen_length: int = 128,
                  calibration: Calibration | None = None) -> None:
@@ -64,31 +60,10 @@ class LongAnswerOracle(nn.Module):
         return LongAnswerOracle(self.codec.names, gen_length=self.codec.gen_length,
                                 calibration=cal)
 
-    # ---- DiffusionLM attributes -----------------------------------------------------------
-    @property
-    def mask_token_id(self) -> int:
-        return self.token_id[MASK]
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return (self.token_id[EOS],)
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.token_id[PAD]
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
+    # ---- DiffusionLM attributes (the rest: WordOracleAttrs) --------------------------------
     @property
     def max_length(self) -> int:
         return self.codec.prompt_length + self.codec.gen_length
-
-    def rope_positions(self, valid: Tensor) -> Tensor:
-        """Positions ``[B, L]`` (unused by the oracle; present for sampler compatibility)."""
-        b, length = valid.shape
-        return torch.arange(length, device=valid.device).expand(b, length)
 
     def new_cache(self, batch_size: int, max_len: int) -> None:
         raise NotImplementedError(f"{REFUSED}: the long-answer oracle has no K/V cache"

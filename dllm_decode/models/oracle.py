@@ -67,7 +67,39 @@ PAD, EOS, MASK, ANSWER, FILL = "<pad>", "<eos>", "<mask>", "<answer>", "<fill>"
 OPEN, CLOSE, SEP = "[", "]", ","
 
 
-class WaitingLineOracle(nn.Module):
+class WordOracleAttrs:
+    """The ``DiffusionLM`` attributes every word-level oracle shares (bidirectional,
+    position-aligned, no cache), from its ``vocab`` and ``token_id``."""
+
+    attention: str = "bidirectional"
+    block_size: int | None = None
+    logit_shift: int = 0
+    vocab: tuple[str, ...]
+    token_id: dict[str, int]
+
+    @property
+    def mask_token_id(self) -> int:
+        return self.token_id[MASK]
+
+    @property
+    def eos_token_ids(self) -> tuple[int, ...]:
+        return (self.token_id[EOS],)
+
+    @property
+    def pad_token_id(self) -> int:
+        return self.token_id[PAD]
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.vocab)
+
+    def rope_positions(self, valid: Tensor) -> Tensor:
+        """Positions ``[B, L]`` (unused by an oracle; present for sampler compatibility)."""
+        b, length = valid.shape
+        return torch.arange(length, device=valid.device).expand(b, length)
+
+
+class WaitingLineOracle(WordOracleAttrs, nn.Module):
     """The exact-conditional model over a word-level vocabulary (see the module docstring).
 
     Args:
@@ -82,10 +114,6 @@ class WaitingLineOracle(nn.Module):
     rows, per-query masks: ``forward``). Forward cost is a Python pass over the batch rows
     plus one scatter per distinct prompt.
     """
-
-    attention: str = "bidirectional"
-    block_size: int | None = None
-    logit_shift: int = 0
 
     def __init__(self, names: Iterable[str], *, max_items: int = 16,
                  max_length: int = 1024, calibration: Calibration | None = None,
@@ -134,31 +162,10 @@ class WaitingLineOracle(nn.Module):
                 names.extend(items + ((word,) if word else ()))
         return cls(names, **kwargs)
 
-    # ---- DiffusionLM attributes -----------------------------------------------------------
-    @property
-    def mask_token_id(self) -> int:
-        return self.token_id[MASK]
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return (self.token_id[EOS],)
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.token_id[PAD]
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
+    # ---- DiffusionLM attributes (the rest: WordOracleAttrs) --------------------------------
     @property
     def max_length(self) -> int:
         return self._max_length
-
-    def rope_positions(self, valid: Tensor) -> Tensor:
-        """Positions ``[B, L]`` (unused by the oracle; present for sampler compatibility)."""
-        b, length = valid.shape
-        return torch.arange(length, device=valid.device).expand(b, length)
 
     def new_cache(self, batch_size: int, max_len: int) -> None:
         raise NotImplementedError("WaitingLineOracle has no K/V cache; decode with cache='none'")
