@@ -8,6 +8,7 @@ fails loudly instead of being reproduced with that setting silently dropped.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -382,3 +383,14 @@ class RelativeNoise(GaussianNoise):
     def _noise(self, out: torch.Tensor) -> torch.Tensor:
         u = torch.rand(out.shape, generator=self._gen, dtype=torch.float64) * 2 - 1
         return (self._std * (1 + out.double().abs()) * u).to(out.dtype)
+
+
+@functools.cache
+def conformance_model(name: str) -> Any:
+    """A checkpoint of ``../shared/conformance`` loaded once per test session (skipped when
+    ``../shared`` is absent); ``llada-tiny`` with its mask id 500 given explicitly (the
+    tiny vocabulary has no LLaDA mask id to find)."""
+    from dllm_decode import load_model
+
+    extra = {"mask_token_id": 500} if name == "llada-tiny" else {}
+    return load_model(require_shared(CONFORMANCE / name), **extra)

@@ -20,14 +20,14 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_decode import DiffusionSampler, load_model
+from dllm_decode import DiffusionSampler
 from dllm_decode.policies.capabilities import capabilities_of
 from dllm_decode.policies.dawn import Dawn
 from dllm_decode.policies.resolve import compose, make_policy
 from dllm_decode.train.testbed import waiting_line_oracle
 from dllm_decode.types import Proposal, StepState
-from tests.conformance import CONFORMANCE, require_shared
 from tests.conformance import RelativeNoise as Noisy
+from tests.conformance import conformance_model
 from tests.helpers import tiny_model
 from tests.mock_models import ScriptedLM, from_probs
 
@@ -36,21 +36,16 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 FIXTURE = Path(__file__).parent / "fixtures" / "methods2026" / "dawn.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
 DREAM_CASES = json.loads(FIXTURE.with_name("dawn_dream.json").read_text())["cases"]
-_MODEL: dict[str, Any] = {}
 
 
 def _llada() -> Any:
-    if "llada" not in _MODEL:
-        _MODEL["llada"] = load_model(require_shared(CONFORMANCE / "llada-tiny"),
-                                     mask_token_id=500)
-    return _MODEL["llada"]
+    return conformance_model("llada-tiny")
 
 
 def _dream() -> Any:
-    if "dream" not in _MODEL:
-        _MODEL["dream"] = load_model(require_shared(CONFORMANCE / "dream-tiny"))
-        assert _MODEL["dream"].mask_token_id == 440
-    return _MODEL["dream"]
+    model = conformance_model("dream-tiny")
+    assert model.mask_token_id == 440
+    return model
 
 
 def _policy(case: dict, **extra: Any) -> Dawn:

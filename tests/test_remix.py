@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_decode import DiffusionSampler, load_model
+from dllm_decode import DiffusionSampler
 from dllm_decode.policies.remix import (
     REMIX_TASKS,
     Remix,
@@ -27,22 +27,18 @@ from dllm_decode.policies.remix import (
     soft_embedding,
 )
 from dllm_decode.policies.resolve import make_policy
-from tests.conformance import CONFORMANCE, require_shared
 from tests.conformance import GaussianNoise as Noisy
+from tests.conformance import conformance_model
 from tests.helpers import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 FIXTURE = Path(__file__).parent / "fixtures" / "methods2026" / "remix.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
-_MODEL: dict[str, Any] = {}
 
 
 def _llada() -> Any:
-    if "llada" not in _MODEL:
-        _MODEL["llada"] = load_model(require_shared(CONFORMANCE / "llada-tiny"),
-                                     mask_token_id=500)
-    return _MODEL["llada"]
+    return conformance_model("llada-tiny")
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 import torch
 
-from dllm_decode import DiffusionSampler, load_model
+from dllm_decode import DiffusionSampler
 from dllm_decode.cache.streaming import (
     DEFAULT_WINDOW,
     StreamingPlan,
@@ -33,8 +33,8 @@ from dllm_decode.policies.streaming import (
     StreamingThreshold,
 )
 from dllm_decode.types import CacheMode
-from tests.conformance import CONFORMANCE, require_shared
 from tests.conformance import GaussianNoise as Noisy
+from tests.conformance import conformance_model
 from tests.helpers import tiny_model
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -44,20 +44,14 @@ CASES = json.loads(FIXTURE.read_text())["cases"]
 DREAM_CASES = json.loads(FIXTURE.with_name("streaming_dllm_dream.json").read_text())["cases"]
 ALL_CASES = [("llada", c) for c in CASES] + [("dream", c) for c in DREAM_CASES]
 ALL_IDS = [c["name"] for _, c in ALL_CASES]
-_MODEL: dict[str, Any] = {}
 
 
 def _llada() -> Any:
-    if "llada" not in _MODEL:
-        _MODEL["llada"] = load_model(require_shared(CONFORMANCE / "llada-tiny"),
-                                     mask_token_id=500)
-    return _MODEL["llada"]
+    return conformance_model("llada-tiny")
 
 
 def _dream() -> Any:
-    if "dream" not in _MODEL:
-        _MODEL["dream"] = load_model(require_shared(CONFORMANCE / "dream-tiny"))
-    return _MODEL["dream"]
+    return conformance_model("dream-tiny")
 
 
 def _family(name: str) -> Any:

@@ -19,8 +19,8 @@ import torch
 from dllm_decode import DiffusionSampler, load_model
 from dllm_decode.policies.resolve import make_policy
 from dllm_decode.policies.wino import LAST_ACCEPT_INIT, WideIn, Wino
-from tests.conformance import CONFORMANCE, require_shared
 from tests.conformance import GaussianNoise as Noisy
+from tests.conformance import conformance_model
 from tests.helpers import tiny_model
 from tests.mock_models import Call, ScriptedLM, from_probs
 
@@ -28,14 +28,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 FIXTURE = Path(__file__).parent / "fixtures" / "methods2026" / "wino.json"
 CASES = json.loads(FIXTURE.read_text())["cases"]
-_MODEL: dict[str, Any] = {}
 
 
 def _llada() -> Any:
-    if "llada" not in _MODEL:
-        _MODEL["llada"] = load_model(require_shared(CONFORMANCE / "llada-tiny"),
-                                     mask_token_id=500)
-    return _MODEL["llada"]
+    return conformance_model("llada-tiny")
 
 
 def _decode(model: Any, case: dict, **extra: Any) -> tuple[Any, list[list[int]]]:
