@@ -34,8 +34,10 @@ from typing import Any, Final
 import torch
 from torch import Tensor
 
+from dllm_decode.models.oracle_base import EOS, MASK, PAD
+
 LONG_TASKS: Final = ("copy", "shuffle", "carry")
-PAD, EOS, MASK, ANSWER, FILL, SEP, KEEP = "<pad>", "<eos>", "<mask>", "<answer>", "<fill>", ",", "_"
+ANSWER, FILL, SEP, KEEP = "<answer>", "<fill>", ",", "_"
 #: the vocabulary file a long-answer checkpoint ships (``long_codec_for`` reads it)
 LONG_VOCAB_FILE: Final = "long_answer_vocab.json"
 

@@ -20,7 +20,8 @@ from torch.nn import functional as F
 
 from dllm_decode.models.calibration import Calibration, confusion_partners
 from dllm_decode.models.long_answer import ANSWER, LongCodec
-from dllm_decode.models.oracle import CALIBRATED_FLOOR, WordOracleAttrs, visible_keys
+from dllm_decode.models.oracle import CALIBRATED_FLOOR
+from dllm_decode.models.oracle_base import WordOracleAttrs, visible_keys
 
 REFUSED = "LongAnswerOracle cannot serve this forward exactly"
 USE_INSTEAD = ("; the long-answer oracle serves plain forwards of whole canvases only: decode "

@@ -39,6 +39,13 @@ from torch import Tensor, nn
 from torch.nn import functional as F
 
 from dllm_decode.models.calibration import Calibration, confusion_partners
+from dllm_decode.models.oracle_base import (  # noqa: F401  (EOS, MASK, PAD re-exported)
+    EOS,
+    MASK,
+    PAD,
+    WordOracleAttrs,
+    visible_keys,
+)
 from dllm_decode.models.waiting_line import (  # noqa: F401  (re-exported)
     MAX_SHUFFLE_ITEMS,
     TASK_NAMES,
@@ -63,40 +70,8 @@ USE_INSTEAD: Final = ("; the oracle serves plain forwards of whole canvases only
                       "with a policy without extra forwards (not lopa, wino, s2d2) or use a "
                       "trained test-bed checkpoint (testbed-llada)")
 
-PAD, EOS, MASK, ANSWER, FILL = "<pad>", "<eos>", "<mask>", "<answer>", "<fill>"
+ANSWER, FILL = "<answer>", "<fill>"
 OPEN, CLOSE, SEP = "[", "]", ","
-
-
-class WordOracleAttrs:
-    """The ``DiffusionLM`` attributes every word-level oracle shares (bidirectional,
-    position-aligned, no cache), from its ``vocab`` and ``token_id``."""
-
-    attention: str = "bidirectional"
-    block_size: int | None = None
-    logit_shift: int = 0
-    vocab: tuple[str, ...]
-    token_id: dict[str, int]
-
-    @property
-    def mask_token_id(self) -> int:
-        return self.token_id[MASK]
-
-    @property
-    def eos_token_ids(self) -> tuple[int, ...]:
-        return (self.token_id[EOS],)
-
-    @property
-    def pad_token_id(self) -> int:
-        return self.token_id[PAD]
-
-    @property
-    def vocab_size(self) -> int:
-        return len(self.vocab)
-
-    def rope_positions(self, valid: Tensor) -> Tensor:
-        """Positions ``[B, L]`` (unused by an oracle; present for sampler compatibility)."""
-        b, length = valid.shape
-        return torch.arange(length, device=valid.device).expand(b, length)
 
 
 class WaitingLineOracle(WordOracleAttrs, nn.Module):
@@ -340,7 +315,8 @@ class WaitingLineOracle(WordOracleAttrs, nn.Module):
             raise ValueError(f"tokens {tuple(tokens.shape)} and positions "
                              f"{tuple(positions.shape)} must both be [B, N]")
         b, n = tokens.shape
-        hidden = ~visible_keys(mask, b, n, tokens.device)  # [B, N] keys no query sees
+        hidden = ~visible_keys(mask, b, n, tokens.device, refused=REFUSED,
+                               use_instead=USE_INSTEAD)  # [B, N] keys no query sees
         if n > 1 and not bool((positions.diff(dim=1) == 1).all()):
             raise ValueError(f"{REFUSED}: positions must run p, p + 1, ... along each row (one "
                              f"whole canvas); got repeated or packed positions{USE_INSTEAD}")
@@ -383,25 +359,6 @@ class WaitingLineOracle(WordOracleAttrs, nn.Module):
                                                   masked.new_zeros(len(rows), first), prompt)
         logits = logits.float()
         return logits if hidden_rows is None else logits[:, hidden_rows]
-
-
-def visible_keys(mask: Tensor | None, b: int, n: int, device: torch.device, *,
-                 refused: str = REFUSED, use_instead: str = USE_INSTEAD) -> Tensor:
-    """The keys ``[B, N]`` (bool) every query of a plain full-visibility ``mask`` sees
-    (``None``: all of them); any other mask is refused (see ``WaitingLineOracle.forward``;
-    ``refused`` / ``use_instead`` word the error for another oracle)."""
-    if mask is None:
-        return torch.ones(b, n, dtype=torch.bool, device=device)
-    if mask.dtype != torch.bool or tuple(mask.shape) not in ((b, n), (b, n, n)):
-        raise ValueError(f"{refused}: the mask must be bool [B, N] = {[b, n]} or [B, N, N] = "
-                         f"{[b, n, n]} (keys = the fed canvas); got {mask.dtype} "
-                         f"{list(mask.shape)}{use_instead}")
-    if mask.dim() == 3:
-        if not bool((mask == mask[:, :1]).all()):
-            raise ValueError(f"{refused}: the mask lets queries see different keys (packed "
-                             f"branches, a shadow block or a verifier's rows){use_instead}")
-        mask = mask[:, 0]
-    return mask.to(device)
 
 
 def codec_for(directory: str | Path) -> WaitingLineOracle | None:

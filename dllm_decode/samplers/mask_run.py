@@ -13,6 +13,7 @@ it and no row is in an editing post step (``samplers.editing``).
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 import torch
@@ -117,20 +118,25 @@ class MaskRun(MaskSetup):
         forward and post together, in ``post``)."""
         if self.graphed is not None:
             return None
-        if self.maps:  # attention maps (DAWN): captured in this forward, every row scored
-            with self.model.capture_attention(self.maps) as maps:
-                fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned,
-                                        i, 0, self.full_span, host=self.host)
-            self.attention = maps.mean()[:self.b]
-        elif self.soft:  # soft inputs (ReMix): the selector rewrites the fed embeddings
-            with self.model.feed_embeddings(lambda e: self._soft_inputs(e, i)):
-                fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned,
-                                        i, self.lo, self.full_span, host=self.host)
-        else:
+        # DAWN's attention maps are captured in this forward (every row scored); ReMix's
+        # selector rewrites its fed embeddings; any other policy runs the plain forward
+        lo = 0 if self.maps else self.lo
+        with self._forward_context(i) as maps:
             fed = self.plan.forward(self.model_canvas, (self.bs, self.reach), self.aligned, i,
-                                    self.lo, self.full_span, host=self.host)
+                                    lo, self.full_span, host=self.host)
+        if self.maps:
+            self.attention = maps.mean()[:self.b]
         self.forwards += fed.calls  # two where rows of a sub-block cache step disagree
         return fed
+
+    def _forward_context(self, i: int) -> contextlib.AbstractContextManager[Any]:
+        """What wraps step ``i``'s forward: the attention capture (``attention_maps``), the
+        embedding feed (``soft_inputs``) or nothing."""
+        if self.maps:
+            return self.model.capture_attention(self.maps)
+        if self.soft:
+            return self.model.feed_embeddings(lambda e: self._soft_inputs(e, i))
+        return contextlib.nullcontext()
 
     def _soft_inputs(self, embeds: Any, i: int) -> Any:
         """``Capabilities.soft_inputs``: the selector's ``mix_inputs`` on the fed embeddings
