@@ -179,13 +179,17 @@ def _testbed_codec(directory: str) -> Any:
 
 def testbed_gen_length(tokenizer: Any) -> int | None:
     """The answer length a test-bed checkpoint was trained on (its vocabulary file's
-    ``gen_length``), or ``None`` for other tokenizers."""
+    ``gen_length``: the Waiting Line's or the long-answer test bed's), or ``None`` for other
+    tokenizers."""
+    from dllm_decode.models.long_answer import LONG_VOCAB_FILE
     from dllm_decode.models.oracle import VOCAB_FILE
 
     directory = str(getattr(tokenizer, "name_or_path", "") or "")
-    if not directory or not (Path(directory) / VOCAB_FILE).is_file():
+    files = [Path(directory) / f for f in (VOCAB_FILE, LONG_VOCAB_FILE)] if directory else []
+    found = [f for f in files if f.is_file()]
+    if not found:
         return None
-    length = json.loads((Path(directory) / VOCAB_FILE).read_text()).get("gen_length")
+    length = json.loads(found[0].read_text()).get("gen_length")
     return int(length) if length else None
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from dataclasses import replace
 
 import pytest
 import torch
@@ -216,7 +217,12 @@ def test_resumed_training_equals_one_run_and_exports_a_loadable_student(tmp_path
     with pytest.raises(ValueError, match="other settings"):
         train(LongTrainConfig(out=str(tmp_path / "two"), resume=True, **{**common,
                                                                           "lr": 1e-3}))
+    with (tmp_path / "two" / "loss.csv").open("a") as fh:  # logged past the state file
+        fh.write("3,9.9,0.001,1.000,1.0\n")
     train(LongTrainConfig(out=str(tmp_path / "two"), resume=True, **common))
+    steps = [int(r.split(",")[0]) for r in
+             (tmp_path / "two" / "loss.csv").read_text().splitlines()[1:]]
+    assert steps == [2, 4]  # the stale row is dropped, not duplicated
     from dllm_decode.train.state import load_state
 
     one = load_state(tmp_path / "one" / STATE_FILE)["model"]
@@ -227,6 +233,13 @@ def test_resumed_training_equals_one_run_and_exports_a_loadable_student(tmp_path
     codec = long_codec_for(out)
     assert codec is not None and codec.vocab == long_codec().vocab
     assert model.vocab_size == codec.vocab_size
+    from dllm_decode import load_tokenizer
+    from dllm_decode.text import testbed_gen_length
+
+    tok = load_tokenizer(str(out))  # the CLI's default answer length, and text round trips
+    ids = codec.encode_prompt(long_records("shuffle", 1, 0)[0])
+    assert testbed_gen_length(tok) == 128
+    assert tok(codec.decode(ids), add_special_tokens=False)["input_ids"] == ids
     prompts = torch.tensor([codec.encode_prompt(long_records("copy", 1, 0)[0])])
     gen = DiffusionSampler(model, "threshold", gen_length=128, block_length=32
                            ).generate(prompts)
@@ -246,3 +259,73 @@ def test_bd_warmup_trains_the_bidirectional_student_on_two_streams(monkeypatch) 
     for step in range(5):
         assert torch.isfinite(tl.step_loss(model, cfg, codec, step))
     assert calls == [32, 32, 32]  # steps 0-2 on the block objective, then the mask objective
+    calls.clear()
+    mixed = replace(cfg, bd_every=2)  # after the warm-up, every second step on the block one
+    for step in range(3, 7):
+        assert torch.isfinite(tl.step_loss(model, mixed, codec, step))
+    assert calls == [32, 32]  # steps 4 and 6
+    with pytest.raises(ValueError, match="bd_every"):
+        replace(cfg, bd_every=-1)
+
+
+def test_semi_share_sets_the_llada_mask_mix() -> None:
+    """``semi_share`` 1: every row is semi-AR (clean blocks, one noisy block, masked rest);
+    the default 0.5 draws the same batches as before the knob existed (same random draws)."""
+    codec = long_codec()
+    cfg = LongTrainConfig(batch_size=24, curriculum=0, semi_share=1.0)
+    masked = make_batch(cfg, codec, 7, None)["masked"]
+    blocks = masked.view(24, -1, 32)
+    for row in blocks:
+        full = row.all(-1)
+        none = ~row.any(-1)
+        b = int((~none).nonzero()[0]) if (~none).any() else len(row)
+        assert none[:b].all() and full[b + 1:].all()
+    base = make_batch(LongTrainConfig(batch_size=24, curriculum=0), codec, 7, None)
+    assert not torch.equal(base["masked"], masked)
+    with pytest.raises(ValueError, match="semi_share"):
+        LongTrainConfig(semi_share=1.5)
+
+
+def test_log_error_weight_adds_the_support_term() -> None:
+    """``log_error_weight`` adds ``support_log_error`` (the squared log-probability error over
+    each position's possible tokens) linearly to the soft cross-entropy; 0 leaves it alone."""
+    import dllm_decode.train.testbed_long as tl
+
+    codec = long_codec()
+    cfg = LongTrainConfig(batch_size=3, hidden=32, layers=1, heads=2, intermediate=64,
+                          curriculum=0, tasks="shuffle")
+    model = tl.build_student(cfg, codec).eval()
+    with torch.no_grad():
+        loss = [float(tl.step_loss(model, replace(cfg, log_error_weight=w), codec, 3))
+                for w in (0.0, 1.0, 2.0)]
+    assert loss[1] > loss[0]
+    assert loss[2] - loss[0] == pytest.approx(2 * (loss[1] - loss[0]), rel=1e-5)
+    with pytest.raises(ValueError, match="log_error_weight"):
+        replace(cfg, log_error_weight=-1.0)
+
+
+def test_shuffle_training_answers_are_random_valid_permutations() -> None:
+    """Clean shuffle answers are seeded random permutations (valid answers, most not in prompt
+    order: a student must read "written" from the names, not from the slot); the targets stay
+    the exact conditionals given them; ``reference`` keeps prompt order."""
+    codec = long_codec()
+    cfg = LongTrainConfig(batch_size=8, curriculum=0, tasks="shuffle")
+    batch = make_batch(cfg, codec, 11, None)
+    in_order = 0
+    for r in range(8):
+        items = codec.parse_prompt(batch["prompts"][r].tolist())[1]
+        answer = batch["answers"][r].tolist()
+        assert codec.valid("shuffle", items, answer)
+        in_order += answer == codec.reference_answer({"task": "shuffle", "items": list(items)})
+        want = codec.conditionals("shuffle", items, batch["noisy"][r][None])[0].float()
+        torch.testing.assert_close(batch["targets"][r], want)
+    assert in_order == 0
+    again = make_batch(cfg, codec, 11, None)
+    assert torch.equal(again["answers"], batch["answers"])
+    ref = make_batch(replace(cfg, shuffle_answers="reference"), codec, 11, None)
+    for r in range(8):
+        items = codec.parse_prompt(ref["prompts"][r].tolist())[1]
+        assert ref["answers"][r].tolist() == codec.reference_answer(
+            {"task": "shuffle", "items": list(items)})
+    with pytest.raises(ValueError, match="shuffle_answers"):
+        replace(cfg, shuffle_answers="sorted")

@@ -122,14 +122,15 @@ class LongCodec:
         return out + [self.token_id[EOS]] * (self.gen_length - len(out))
 
     def decode(self, ids: Iterable[int]) -> str:
-        """Answer ids as space-separated tokens up to the first EOS (what the graders read)."""
+        """Ids as text up to the first EOS: tokens joined by spaces, which the checkpoint's
+        tokenizer (``write_vocab``) maps back to the same ids (each name is one token)."""
         out = []
         for i in ids:
             tok = self.vocab[int(i)]
             if tok == EOS:
                 break
             out.append(tok)
-        return " | ".join(out)
+        return " ".join(out)
 
     def parse_prompt(self, ids: Sequence[int]) -> tuple[str, tuple[str, ...]]:
         """``(task, items)`` of prompt ids (left padding before the task token skipped)."""

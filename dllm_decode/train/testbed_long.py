@@ -6,14 +6,22 @@ the noisy canvas (for the block-causal student: given the clean earlier blocks a
 own block, which is what it sees when decoding). Families:
 
 * ``llada``: a bidirectional mask model. Rows mix three masks: semi-AR (answer blocks before a
-  random 32-aligned block clean, that block i.i.d. at rate t, later blocks masked; 50 %),
-  content-only (only positions before EOS masked, i.i.d.; 20 %) and i.i.d. over the answer.
+  random 32-aligned block clean, that block i.i.d. at rate t, later blocks masked;
+  ``semi_share``, 50 %), content-only (only positions before EOS masked, i.i.d.; 40 % of the
+  rest) and i.i.d. over the answer.
 * ``sdar``: block diffusion with blocks of ``block_size`` (32), the two-stream objective of
   ``train/objectives.py`` (clean canvas + noisy answer; exact block-causal K/V).
 * ``bd_warmup`` (llada): the first steps train the bidirectional model with that two-stream
   objective (the attention pattern is only a mask): measured on this test bed, the block
   student copies 128-token lists after ~500 steps where the mask objective still has names
   at chance, so its first steps warm-start the mask objective.
+
+Shuffle's clean answers are random permutations (``shuffle_answers``): written in prompt
+order, "name i is written" equals "answer slot i is visible" on every training canvas, a
+shortcut both students learned and which fails on their own commits (they repeated names).
+``log_error_weight`` adds ``train.distill_objective.support_log_error``; ``semi_share``,
+``bd_every``, ``log_error_weight`` and ``shuffle_answers`` may change when a run is resumed
+(``docs/testbeds.md``, Test bed III, lists the stages of the students' runs).
 
 **Length curriculum on a cut-down canvas** (``../shared/research/testbed-long-feasibility.md``:
 plain training at 128 + 128 tokens plateaus with names at chance): for the first
@@ -55,6 +63,7 @@ from dllm_decode.eval.parallelbench.testbed_long import (
 from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.long_answer import EOS, MASK, PAD, LongCodec
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
+from dllm_decode.train.distill_objective import support_log_error
 from dllm_decode.train.objectives import two_stream_mask
 from dllm_decode.train.state import load_state, save_state
 
@@ -86,9 +95,17 @@ class LongTrainConfig:
     heads: int = _f(6, "attention heads")
     intermediate: int = _f(768, "SwiGLU hidden size")
     block_size: int = _f(32, "sdar: block size; llada: the semi-AR mask's block")
+    semi_share: float = _f(0.5, "llada: share of semi-AR mask rows (the rest: 40 %% content-only, "
+                                "60 %% i.i.d.)")
     bd_warmup: int = _f(0, "llada: first steps trained with the block-diffusion objective "
                            "(two streams, blocks of --block-size; the attention pattern is "
                            "just a mask), which learns the copy offset far faster")
+    bd_every: int = _f(0, "llada: after the warm-up, every N-th step uses the block-diffusion "
+                          "objective too (0: never)")
+    log_error_weight: float = _f(0.0, "weight of train.distill_objective.support_log_error "
+                                      "(squared log-probability error over possible tokens)")
+    shuffle_answers: str = _f("random", "shuffle's clean answers: random (a random permutation "
+                                        "per row) | reference (prompt order, before 2026-11-29)")
     eps: float = _f(1e-3, "mask rate floor")
     seed: int = _f(0, "seed of weights, data and masks")
     threads: int = _f(1, "torch CPU threads")
@@ -102,6 +119,13 @@ class LongTrainConfig:
     def __post_init__(self) -> None:
         if self.family not in ("llada", "sdar"):
             raise ValueError(f"family must be llada or sdar, got {self.family!r}")
+        if self.shuffle_answers not in ("random", "reference"):
+            raise ValueError(f"shuffle_answers must be random or reference, got "
+                             f"{self.shuffle_answers!r}")
+        if not self.log_error_weight >= 0:
+            raise ValueError(f"log_error_weight must be >= 0, got {self.log_error_weight}")
+        if self.bd_every < 0:
+            raise ValueError(f"bd_every must be >= 0, got {self.bd_every}")
         for name in ("steps", "batch_size", "hidden", "layers", "heads", "intermediate",
                      "block_size", "ckpt_every", "log_every", "threads"):
             if getattr(self, name) < 1:
@@ -109,6 +133,8 @@ class LongTrainConfig:
         bad = [t for t in self.task_list if t not in LONG_TASKS]
         if bad:
             raise ValueError(f"unknown tasks {bad}; valid: {', '.join(LONG_TASKS)}")
+        if not 0.0 <= self.semi_share <= 1.0:
+            raise ValueError(f"semi_share must be in [0, 1], got {self.semi_share}")
         if self.gen_length % self.block_size:
             raise ValueError(f"gen_length {self.gen_length} must be a multiple of block_size "
                              f"{self.block_size}")
@@ -154,6 +180,20 @@ def draw_batch(cfg: LongTrainConfig, codec: LongCodec, step: int
     return rows, frac
 
 
+def answer_items(cfg: LongTrainConfig, task: str, items: list[str], step: int, row: int
+                 ) -> list[str]:
+    """The names in the order the row's clean answer writes them: for shuffle a uniformly
+    random permutation (``shuffle_answers="random"``), so committed names sit anywhere and
+    "not yet written" must be read from the names themselves; ``"reference"`` writes them in
+    prompt order, where a student learns the shortcut "slot j's name is written iff answer
+    slot j is", which fails on its own commits (measured: both students repeated names)."""
+    if task != "shuffle" or cfg.shuffle_answers == "reference":
+        return items
+    order = list(items)
+    random.Random(f"{cfg.seed}:{step}:{row}:long-order").shuffle(order)
+    return order
+
+
 def make_batch(cfg: LongTrainConfig, codec: LongCodec, step: int, block_size: int | None
                ) -> dict[str, Tensor]:
     """Clean canvases ``[B, P + G]``, the noisy answer ``[B, G]``, the masked positions and the
@@ -162,7 +202,8 @@ def make_batch(cfg: LongTrainConfig, codec: LongCodec, step: int, block_size: in
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     g = codec.gen_length
     prompts = torch.tensor([codec.encode_prompt({"task": t, "items": i}) for t, i in rows])
-    answers = torch.tensor([codec.reference_answer({"task": t, "items": i}) for t, i in rows])
+    answers = torch.tensor([codec.reference_answer({"task": t, "items": answer_items(
+        cfg, t, i, step, r)}) for r, (t, i) in enumerate(rows)])
     content = answers != codec.token_id[EOS]
     t = (1 - cfg.eps) * torch.rand(len(rows), generator=gen) + cfg.eps
     masked = torch.rand(len(rows), g, generator=gen) < t[:, None]
@@ -172,8 +213,10 @@ def make_batch(cfg: LongTrainConfig, codec: LongCodec, step: int, block_size: in
         col_block = (torch.arange(g) // cfg.block_size)[None]
         semi = torch.where(col_block < block[:, None], False,
                            torch.where(col_block > block[:, None], True, masked))
-        masked = torch.where((mode < 0.5)[:, None], semi,
-                             torch.where((mode < 0.7)[:, None], masked & content, masked))
+        content_share = cfg.semi_share + 0.4 * (1 - cfg.semi_share)
+        masked = torch.where((mode < cfg.semi_share)[:, None], semi,
+                             torch.where((mode < content_share)[:, None], masked & content,
+                                         masked))
     noisy = answers.masked_fill(masked, codec.token_id[MASK])
     targets = torch.empty(len(rows), g, codec.vocab_size, dtype=torch.float32)
     for r, (task, items) in enumerate(rows):
@@ -203,7 +246,8 @@ def columns(codec: LongCodec, width: int) -> Tensor:
 def step_loss(model: DecoderLM, cfg: LongTrainConfig, codec: LongCodec, step: int
               ) -> Tensor:
     """The step's loss: soft cross-entropy on masked answer positions (their mean)."""
-    sdar = cfg.family == "sdar" or step < cfg.bd_warmup
+    sdar = (cfg.family == "sdar" or step < cfg.bd_warmup
+            or (cfg.bd_every > 0 and step % cfg.bd_every == 0))
     batch = make_batch(cfg, codec, step, cfg.block_size if sdar else None)
     p = codec.prompt_length
     cols = columns(codec, int(batch["width"]))
@@ -224,7 +268,10 @@ def step_loss(model: DecoderLM, cfg: LongTrainConfig, codec: LongCodec, step: in
         logits = model(tokens, pos, hidden_rows=torch.arange(n_prompt, tokens.shape[1]))
     masked = batch["masked"][:, answer_cols]
     targets = batch["targets"][:, answer_cols]
-    ce = -(targets * F.log_softmax(logits.float(), dim=-1)).sum(-1)
+    logp = F.log_softmax(logits.float(), dim=-1)
+    ce = -(targets * logp).sum(-1)
+    if cfg.log_error_weight:
+        ce = ce + cfg.log_error_weight * support_log_error(logp, targets)
     return (ce * masked).sum() / masked.sum().clamp_min(1)
 
 
@@ -264,6 +311,10 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
     end = cfg.steps if not cfg.stop_after else min(cfg.steps, step + cfg.stop_after)
     log = out / "loss.csv"
     new_log = not log.exists() or not cfg.resume
+    if not new_log:  # rows past the state file's step were logged by a run stopped before
+        keep = [r for r in log.read_text().splitlines(keepends=True)
+                if not r[:1].isdigit() or int(r.split(",", 1)[0]) <= step]
+        log.write_text("".join(keep))
     with log.open("w" if new_log else "a", newline="") as fh:
         writer = csv.writer(fh)
         if new_log:
@@ -304,7 +355,7 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
 #: fields that may change between invocations of one run (a new ``steps`` re-spans the cosine
 #: decay from the current step on: how a run is extended or cut short across sessions)
 NOT_PINNED = ("out", "resume", "export", "stop_after", "threads", "ckpt_every", "log_every",
-              "steps")
+              "steps", "semi_share", "bd_every", "log_error_weight", "shuffle_answers")
 
 
 def export_student(run_dir: str | Path, directory: str | Path) -> Path:
