@@ -185,11 +185,9 @@ def testbed_gen_length(tokenizer: Any) -> int | None:
     from dllm_decode.models.oracle import VOCAB_FILE
 
     directory = str(getattr(tokenizer, "name_or_path", "") or "")
-    files = [Path(directory) / f for f in (VOCAB_FILE, LONG_VOCAB_FILE)] if directory else []
-    found = [f for f in files if f.is_file()]
-    if not found:
-        return None
-    length = json.loads(found[0].read_text()).get("gen_length")
+    path = next((Path(directory) / f for f in (VOCAB_FILE, LONG_VOCAB_FILE)
+                 if directory and (Path(directory) / f).is_file()), None)
+    length = json.loads(path.read_text()).get("gen_length") if path else None
     return int(length) if length else None
 
 

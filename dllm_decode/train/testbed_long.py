@@ -68,6 +68,8 @@ from dllm_decode.train.objectives import two_stream_mask
 from dllm_decode.train.state import load_state, save_state
 
 STATE_FILE = "checkpoint.safetensors"
+#: llada: the share of the non-semi-AR mask rows that mask content only (the rest: i.i.d.)
+CONTENT_SHARE_OF_REST = 0.4
 
 
 def _f(default: Any, doc: str) -> Any:
@@ -126,6 +128,8 @@ class LongTrainConfig:
             raise ValueError(f"log_error_weight must be >= 0, got {self.log_error_weight}")
         if self.bd_every < 0:
             raise ValueError(f"bd_every must be >= 0, got {self.bd_every}")
+        if not 0.0 <= self.semi_share <= 1.0:
+            raise ValueError(f"semi_share must be in [0, 1], got {self.semi_share}")
         for name in ("steps", "batch_size", "hidden", "layers", "heads", "intermediate",
                      "block_size", "ckpt_every", "log_every", "threads"):
             if getattr(self, name) < 1:
@@ -133,8 +137,6 @@ class LongTrainConfig:
         bad = [t for t in self.task_list if t not in LONG_TASKS]
         if bad:
             raise ValueError(f"unknown tasks {bad}; valid: {', '.join(LONG_TASKS)}")
-        if not 0.0 <= self.semi_share <= 1.0:
-            raise ValueError(f"semi_share must be in [0, 1], got {self.semi_share}")
         if self.gen_length % self.block_size:
             raise ValueError(f"gen_length {self.gen_length} must be a multiple of block_size "
                              f"{self.block_size}")
@@ -213,7 +215,7 @@ def make_batch(cfg: LongTrainConfig, codec: LongCodec, step: int, block_size: in
         col_block = (torch.arange(g) // cfg.block_size)[None]
         semi = torch.where(col_block < block[:, None], False,
                            torch.where(col_block > block[:, None], True, masked))
-        content_share = cfg.semi_share + 0.4 * (1 - cfg.semi_share)
+        content_share = cfg.semi_share + CONTENT_SHARE_OF_REST * (1 - cfg.semi_share)
         masked = torch.where((mode < cfg.semi_share)[:, None], semi,
                              torch.where((mode < content_share)[:, None], masked & content,
                                          masked))
