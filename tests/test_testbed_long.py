@@ -4,6 +4,7 @@ oracle's refusals, and the students' trainer (batches, resume, export)."""
 from __future__ import annotations
 
 import itertools
+import json
 import random
 from dataclasses import replace
 
@@ -228,7 +229,11 @@ def test_resumed_training_equals_one_run_and_exports_a_loadable_student(tmp_path
     one = load_state(tmp_path / "one" / STATE_FILE)["model"]
     two = load_state(tmp_path / "two" / STATE_FILE)["model"]
     assert all(torch.equal(one[k], two[k]) for k in one)
+    assert load_state(tmp_path / "two" / STATE_FILE)["cpu_s"] > 0  # CPU time: pause-proof
+    summary = json.loads((tmp_path / "two" / "run.json").read_text())
+    assert summary["steps_done"] == 4 and "cpu_s" in summary and "wall_s" in summary
     out = export_student(tmp_path / "one", tmp_path / "student")
+    assert "cpu_s" in json.loads((out / "run.json").read_text())
     model = load_model(str(out))
     codec = long_codec_for(out)
     assert codec is not None and codec.vocab == long_codec().vocab
@@ -329,3 +334,65 @@ def test_shuffle_training_answers_are_random_valid_permutations() -> None:
             {"task": "shuffle", "items": list(items)})
     with pytest.raises(ValueError, match="shuffle_answers"):
         replace(cfg, shuffle_answers="sorted")
+
+
+def test_task_weights_draw_tasks_in_proportion_and_default_draws_are_unchanged() -> None:
+    """``task_weights`` 1,2,1 draws shuffle about half the time (seeded); without weights the
+    draw is ``random.choice`` over the tasks, as before the knob existed (resumed runs go on
+    with the same data)."""
+    from collections import Counter
+
+    import dllm_decode.train.testbed_long as tl
+
+    codec = long_codec()
+    cfg = LongTrainConfig(batch_size=32, curriculum=0, task_weights="1,2,1")
+    counts = Counter(t for s in range(20) for t, _ in tl.draw_batch(cfg, codec, s)[0])
+    assert 0.42 < counts["shuffle"] / 640 < 0.58 and counts["copy"] and counts["carry"]
+    assert tl.draw_batch(cfg, codec, 3) == tl.draw_batch(cfg, codec, 3)
+    plain = LongTrainConfig(batch_size=8, curriculum=0)
+    rng = random.Random(f"{plain.seed}:5:long-data")
+    first = rng.choice(plain.task_list)  # the old draw's first row
+    assert tl.draw_batch(plain, codec, 5)[0][0][0] == first
+    only = LongTrainConfig(batch_size=16, curriculum=0, task_weights="0,1,0")
+    assert {t for t, _ in tl.draw_batch(only, codec, 0)[0]} == {"shuffle"}
+    for bad in ("1,2", "a,b,c", "0,0,0", "1,-1,1"):
+        with pytest.raises(ValueError, match="task_weights"):
+            LongTrainConfig(task_weights=bad)
+
+
+def test_shuffle_regrow_and_focus_restart_shuffle_lists_on_cut_down_canvases() -> None:
+    """From ``START`` shuffle's lists grow again from 3 names over ``N`` steps; with
+    ``shuffle_focus`` 3, three of every four steps in that window are shuffle-only and fed as
+    cut-down canvases, the fourth is a mixed full-canvas step; after the window all is as
+    before."""
+    import dllm_decode.train.testbed_long as tl
+
+    codec = long_codec()
+    cfg = LongTrainConfig(batch_size=32, curriculum=10, shuffle_regrow="100:40",
+                          shuffle_focus=3)
+    lo, hi = tl.lengths("shuffle", 128)
+    before = tl.draw_batch(cfg, codec, 99)
+    assert before[1] == 1.0 and {t for t, _ in before[0]} == set(LONG_TASKS)
+    for step in range(100, 140):
+        rows, frac = tl.draw_batch(cfg, codec, step)
+        k = [len(i) for t, i in rows if t == "shuffle"]
+        grown = round(3 + (hi - 3) * (step - 99) / 40)
+        assert k and max(k) <= grown
+        if (step - 100) % 4 < 3:
+            assert {t for t, _ in rows} == {"shuffle"} and frac < 1
+            batch = make_batch(cfg, codec, step, None)
+            assert int(batch["width"]) < codec.gen_length  # a cut-down canvas
+        else:
+            assert {t for t, _ in rows} == set(LONG_TASKS) and frac == 1.0
+    rows, frac = tl.draw_batch(cfg, codec, 140)
+    assert frac == 1.0 and min(len(i) for t, i in rows if t == "shuffle") >= lo
+    assert tl.draw_batch(replace(cfg, shuffle_regrow=""), codec, 120) == tl.draw_batch(
+        LongTrainConfig(batch_size=32, curriculum=10), codec, 120)
+    for bad in ("100", "a:b", "-1:5", "5:0"):
+        with pytest.raises(ValueError, match="shuffle_regrow"):
+            LongTrainConfig(shuffle_regrow=bad)
+    with pytest.raises(ValueError, match="shuffle_focus"):
+        LongTrainConfig(shuffle_focus=-1)
+    from dllm_decode.train.testbed_long_config import NOT_PINNED
+
+    assert {"task_weights", "shuffle_regrow", "shuffle_focus"} <= set(NOT_PINNED)

@@ -19,9 +19,17 @@ own block, which is what it sees when decoding). Families:
 Shuffle's clean answers are random permutations (``shuffle_answers``): written in prompt
 order, "name i is written" equals "answer slot i is visible" on every training canvas, a
 shortcut both students learned and which fails on their own commits (they repeated names).
-``log_error_weight`` adds ``train.distill_objective.support_log_error``; ``semi_share``,
-``bd_every``, ``log_error_weight`` and ``shuffle_answers`` may change when a run is resumed
-(``docs/testbeds.md``, Test bed III, lists the stages of the students' runs).
+Shuffle's "uniform over the prompt's names not yet written" is what the students learn last:
+which names the prompt holds (an attention spread over every name of the list, where copy's
+fixed-offset attention is found in ~500 steps) and, slower still, which of them the answer
+already holds. ``task_weights`` draws shuffle more often and ``shuffle_regrow START:N`` grows
+its lists again from 3 names over N steps, with ``shuffle_focus`` shuffle-only steps on
+cut-down canvases per mixed step: measured, that teaches the first (a fresh shuffle-only
+student stayed at chance for 700 steps on lists of 6-20 names, and learns when its lists
+start at 3 and grow); the second is open. ``log_error_weight`` adds
+``train.distill_objective.support_log_error``. Every field in
+``testbed_long_config.NOT_PINNED`` may change when a run is resumed (``docs/testbeds.md``,
+Test bed III, lists the stages of the students' runs and what each measured).
 
 **Length curriculum on a cut-down canvas** (``../shared/research/testbed-long-feasibility.md``:
 plain training at 128 + 128 tokens plateaus with names at chance): for the first
@@ -33,7 +41,9 @@ lists grow from 3 items to each task's full range over those steps; full canvase
 AdamW (betas 0.9 / 0.98, weight decay 0.01 on matrices), linear warm-up, cosine decay to
 ``min_lr_ratio``, gradient clip 1.0. The data, masks and weights are functions of
 ``(seed, step)``, so a run resumed from its state file (``--resume``, written every
-``ckpt_every`` steps to ``OUT/checkpoint.safetensors``) continues exactly. ``--export DIR``
+``ckpt_every`` steps to ``OUT/checkpoint.safetensors``) continues exactly. ``run.json`` reports
+``cpu_s`` (the process's CPU time in steps: what a card quotes, immune to pauses and load)
+beside ``wall_s``. ``--export DIR``
 writes the fp16 checkpoint with its tokenizer, vocabulary and ``run.json``.
 """
 
@@ -45,7 +55,7 @@ import json
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
@@ -54,7 +64,6 @@ from torch import Tensor
 from torch.nn import functional as F
 
 from dllm_decode.eval.parallelbench.testbed_long import (
-    LONG_TASKS,
     draw_items,
     is_test,
     lengths,
@@ -66,84 +75,11 @@ from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_datacl
 from dllm_decode.train.distill_objective import support_log_error
 from dllm_decode.train.objectives import two_stream_mask
 from dllm_decode.train.state import load_state, save_state
+from dllm_decode.train.testbed_long_config import NOT_PINNED, LongTrainConfig
 
 STATE_FILE = "checkpoint.safetensors"
 #: llada: the share of the non-semi-AR mask rows that mask content only (the rest: i.i.d.)
 CONTENT_SHARE_OF_REST = 0.4
-
-
-def _f(default: Any, doc: str) -> Any:
-    return field(default=default, metadata={"help": doc})
-
-
-@dataclass(frozen=True)
-class LongTrainConfig:
-    """One student's training run (every field is a ``--flag``)."""
-
-    family: str = _f("llada", "llada (bidirectional) | sdar (block diffusion)")
-    out: str = _f("runs/testbed-long-llada", "run directory (state, loss.csv, run.json)")
-    steps: int = _f(6000, "optimizer steps in total (the cosine schedule spans them)")
-    batch_size: int = _f(32, "sequences per step")
-    lr: float = _f(2e-3, "peak learning rate")
-    min_lr_ratio: float = _f(0.1, "final learning rate as a fraction of --lr")
-    warmup: int = _f(50, "linear warm-up steps")
-    weight_decay: float = _f(0.01, "AdamW weight decay (matrices only)")
-    grad_clip: float = _f(1.0, "gradient-norm clip")
-    curriculum: int = _f(350, "steps of cut-down canvases with growing lists")
-    tasks: str = _f(",".join(LONG_TASKS), "comma-separated tasks, equal weights")
-    gen_length: int = _f(128, "answer positions")
-    hidden: int = _f(192, "hidden size")
-    layers: int = _f(4, "decoder layers")
-    heads: int = _f(6, "attention heads")
-    intermediate: int = _f(768, "SwiGLU hidden size")
-    block_size: int = _f(32, "sdar: block size; llada: the semi-AR mask's block")
-    semi_share: float = _f(0.5, "llada: share of semi-AR mask rows (the rest: 40 %% content-only, "
-                                "60 %% i.i.d.)")
-    bd_warmup: int = _f(0, "llada: first steps trained with the block-diffusion objective "
-                           "(two streams, blocks of --block-size; the attention pattern is "
-                           "just a mask), which learns the copy offset far faster")
-    bd_every: int = _f(0, "llada: after the warm-up, every N-th step uses the block-diffusion "
-                          "objective too (0: never)")
-    log_error_weight: float = _f(0.0, "weight of train.distill_objective.support_log_error "
-                                      "(squared log-probability error over possible tokens)")
-    shuffle_answers: str = _f("random", "shuffle's clean answers: random (a random permutation "
-                                        "per row) | reference (prompt order, before 2026-11-29)")
-    eps: float = _f(1e-3, "mask rate floor")
-    seed: int = _f(0, "seed of weights, data and masks")
-    threads: int = _f(1, "torch CPU threads")
-    ckpt_every: int = _f(50, "steps between state files")
-    log_every: int = _f(10, "steps between loss.csv rows")
-    stop_after: int = _f(0, "stop this invocation after so many steps (0: run to --steps); "
-                            "resume later with --resume")
-    resume: bool = _f(False, "continue the run in --out from its state file")
-    export: str = _f("", "write the final (or current) model here as a checkpoint directory")
-
-    def __post_init__(self) -> None:
-        if self.family not in ("llada", "sdar"):
-            raise ValueError(f"family must be llada or sdar, got {self.family!r}")
-        if self.shuffle_answers not in ("random", "reference"):
-            raise ValueError(f"shuffle_answers must be random or reference, got "
-                             f"{self.shuffle_answers!r}")
-        if not self.log_error_weight >= 0:
-            raise ValueError(f"log_error_weight must be >= 0, got {self.log_error_weight}")
-        if self.bd_every < 0:
-            raise ValueError(f"bd_every must be >= 0, got {self.bd_every}")
-        if not 0.0 <= self.semi_share <= 1.0:
-            raise ValueError(f"semi_share must be in [0, 1], got {self.semi_share}")
-        for name in ("steps", "batch_size", "hidden", "layers", "heads", "intermediate",
-                     "block_size", "ckpt_every", "log_every", "threads"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        bad = [t for t in self.task_list if t not in LONG_TASKS]
-        if bad:
-            raise ValueError(f"unknown tasks {bad}; valid: {', '.join(LONG_TASKS)}")
-        if self.gen_length % self.block_size:
-            raise ValueError(f"gen_length {self.gen_length} must be a multiple of block_size "
-                             f"{self.block_size}")
-
-    @property
-    def task_list(self) -> tuple[str, ...]:
-        return tuple(t for t in self.tasks.split(",") if t)
 
 
 def build_student(cfg: LongTrainConfig, codec: LongCodec) -> DecoderLM:
@@ -165,15 +101,30 @@ def lr_at(step: int, cfg: LongTrainConfig) -> float:
 
 def draw_batch(cfg: LongTrainConfig, codec: LongCodec, step: int
                ) -> tuple[list[tuple[str, list[str]]], float]:
-    """The step's ``(task, items)`` rows (training split) and the curriculum fraction."""
+    """The step's ``(task, items)`` rows (training split) and its list-length fraction:
+    the curriculum's, or below 1 on a shuffle-only step of ``shuffle_focus`` (both feed
+    cut-down canvases)."""
     rng = random.Random(f"{cfg.seed}:{step}:long-data")
     frac = min(1.0, (step + 1) / cfg.curriculum) if cfg.curriculum else 1.0
+    regrow, shuffle_frac = cfg.regrow, frac
+    focus = False
+    if regrow is not None and step >= regrow[0]:
+        shuffle_frac = min(frac, (step - regrow[0] + 1) / regrow[1])
+        focus = (shuffle_frac < 1
+                 and (step - regrow[0]) % (cfg.shuffle_focus + 1) < cfg.shuffle_focus)
+        frac = shuffle_frac if focus else frac
     rows = []
     for _ in range(cfg.batch_size):
-        task = rng.choice(cfg.task_list)
+        if focus:
+            task = "shuffle"
+        elif cfg.task_weights:
+            task = rng.choices(cfg.task_list, cfg.weights)[0]
+        else:  # (the draw of runs before the weights existed)
+            task = rng.choice(cfg.task_list)
         lo, hi = lengths(task, cfg.gen_length)
-        k_hi = max(3, round(3 + (hi - 3) * frac))
-        k_lo = min(k_hi, max(3, round(3 + (lo - 3) * frac)))
+        f = shuffle_frac if task == "shuffle" else frac
+        k_hi = max(3, round(3 + (hi - 3) * f))
+        k_lo = min(k_hi, max(3, round(3 + (lo - 3) * f)))
         while True:
             items = draw_items(task, rng.randint(k_lo, k_hi), rng)
             if not is_test(task, items):
@@ -293,7 +244,7 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
     codec = long_codec(cfg.gen_length)
     model = build_student(cfg, codec)
     opt = make_optimizer(model, cfg)
-    step, wall = 0, 0.0
+    step, wall, cpu = 0, 0.0, 0.0
     state_file = out / STATE_FILE
     if cfg.resume:
         state = load_state(state_file)
@@ -307,6 +258,7 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
         model.load_state_dict(state["model"])
         opt.load_state_dict(state["optimizer"])
         step, wall = int(state["step"]), float(state["wall_s"])
+        cpu = float(state.get("cpu_s", wall))  # states before cpu_s: their wall time
     elif state_file.exists():
         raise FileExistsError(f"{state_file} exists; pass --resume to continue that run or "
                               "choose another --out")
@@ -324,7 +276,7 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
         model.train()
         window: list[float] = []
         while step < end:
-            start = time.perf_counter()
+            start, start_cpu = time.perf_counter(), time.process_time()
             for group in opt.param_groups:
                 group["lr"] = lr_at(step, cfg)
             loss = step_loss(model, cfg, codec, step)
@@ -334,6 +286,7 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
             opt.step()
             step += 1
             wall += time.perf_counter() - start
+            cpu += time.process_time() - start_cpu  # immune to pauses (SIGSTOP) and load
             window.append(float(loss.detach()))
             if step % cfg.log_every == 0 or step == end:
                 frac = min(1.0, step / cfg.curriculum) if cfg.curriculum else 1.0
@@ -344,20 +297,15 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
             if step % cfg.ckpt_every == 0 or step == end:
                 save_state(state_file, {"model": model.state_dict(),
                                         "optimizer": opt.state_dict(), "step": step,
-                                        "wall_s": wall, "config": asdict(cfg)})
+                                        "wall_s": wall, "cpu_s": cpu, "config": asdict(cfg)})
     summary = {"family": cfg.family, "steps_done": step, "wall_s": round(wall, 1),
+               "cpu_s": round(cpu, 1),
                "threads": cfg.threads, "config": asdict(cfg),
                "parameters": sum(q.numel() for q in untie(model).parameters())}
     (out / "run.json").write_text(json.dumps(summary, indent=1) + "\n")
     if cfg.export:
         export_student(out, cfg.export)
     return summary
-
-
-#: fields that may change between invocations of one run (a new ``steps`` re-spans the cosine
-#: decay from the current step on: how a run is extended or cut short across sessions)
-NOT_PINNED = ("out", "resume", "export", "stop_after", "threads", "ckpt_every", "log_every",
-              "steps", "semi_share", "bd_every", "log_error_weight", "shuffle_answers")
 
 
 def export_student(run_dir: str | Path, directory: str | Path) -> Path:
@@ -375,6 +323,7 @@ def export_student(run_dir: str | Path, directory: str | Path) -> Path:
     save_model(untie(model).eval().to(torch.float16), directory)
     codec.write_vocab(directory)
     summary = {"steps_done": state["step"], "wall_s": round(float(state["wall_s"]), 1),
+               "cpu_s": round(float(state.get("cpu_s", state["wall_s"])), 1),
                "config": state["config"]}
     (directory / "run.json").write_text(json.dumps(summary, indent=1) + "\n")
     return directory
