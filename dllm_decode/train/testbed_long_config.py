@@ -3,14 +3,10 @@ every field is a ``--flag``) and the fields a resumed run may change."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 from dllm_decode.models.long_answer import LONG_TASKS
-
-
-def _f(default: Any, doc: str) -> Any:
-    return field(default=default, metadata={"help": doc})
+from dllm_decode.train.config import _f  # a field with its --help text
 
 
 @dataclass(frozen=True)
