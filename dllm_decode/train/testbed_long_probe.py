@@ -80,15 +80,12 @@ def shuffle_probe(model: DecoderLM, codec: LongCodec, *, lists: tuple[int, int] 
     written = torch.zeros(len(records), codec.vocab_size)
     written.scatter_(1, torch.where(canvas >= codec.first_name, canvas, 0), 1.0)
     written[:, ~names] = 0
-    in_prompt = torch.zeros_like(written)
-    for r, record in enumerate(records):
-        in_prompt[r, [codec.tid(x) for x in record["items"]]] = 1.0
     open_slot = (canvas == mask_id) & ((target * names).sum(-1) > 0.5)  # [n, G]
     if not open_slot.any():
         raise ValueError("no open name slot in the probe's canvases; raise n")
     support = target > 0
-    k = in_prompt.sum(-1, keepdim=True)
-    share_written = (written * in_prompt).sum(-1, keepdim=True) / k  # [n, 1]
+    k = torch.tensor([[len(record["items"])] for record in records])  # [n, 1]
+    share_written = written.sum(-1, keepdim=True) / k  # written names are the prompt's
     top = probs.argmax(-1, keepdim=True)
     stats = {
         "open_mass": (probs * support).sum(-1),
