@@ -119,3 +119,35 @@ def test_unknown_names_fail_before_decoding(tmp_path) -> None:
         b.main(["--models", "oracle", "--policies", "thresh", "--out", str(tmp_path / "x.csv")])
     with pytest.raises(SystemExit, match="unknown modes"):
         b.main(["--models", "oracle", "--cache", "duall", "--out", str(tmp_path / "x.csv")])
+
+
+def test_card_writer_bundles_a_run_with_its_recipe(tmp_path) -> None:
+    """``testbed_long_cards.py`` on a really trained (two-step) run: the exported directory
+    loads by path, the card quotes each stage's command and the held-out table, and the rows
+    land in the CSV with the bundled name."""
+    from dllm_decode import load_model
+    from dllm_decode.train.testbed_long import train
+
+    common = {"out": str(tmp_path / "run"), "batch_size": 2, "hidden": 32, "layers": 1,
+              "heads": 2, "intermediate": 64, "curriculum": 2, "steps": 2, "seed": 5}
+    train(LongTrainConfig(stop_after=1, **common))
+    train(LongTrainConfig(resume=True, **common))
+    spec = importlib.util.spec_from_file_location("testbed_long_cards",
+                                                  ROOT / "benchmarks" / "testbed_long_cards.py")
+    cards = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    spec.loader.exec_module(cards)
+    out, results = tmp_path / "bundle", tmp_path / "cards.csv"
+    assert cards.main(["--card", "testbed-long-x", str(tmp_path / "run"), "--n", "2",
+                       "--out", str(out), "--results", str(results)]) == 0
+    text = (out / "README.md").read_text()
+    assert text.startswith("# testbed-long-x") and "Held-out results" in text
+    assert "1. `OMP_NUM_THREADS=1 dllm-decode train testbed-long" in text
+    assert "--stop-after 1" in text and "(steps 1-2," in text and "--resume" in text
+    assert "| one token per step" in text and "| threshold 0.9" in text
+    with results.open() as fh:
+        rows = list(csv.DictReader(fh))
+    assert {(r["model"], r["policy"]) for r in rows} == {
+        ("testbed-long-x", "low_confidence_k1"), ("testbed-long-x", "threshold")}
+    assert len(rows) == 6 and all(r["n"] == "2" and r["note"] == "" for r in rows)
+    assert load_model(str(out)).vocab_size == long_codec().vocab_size

@@ -6,6 +6,7 @@ from __future__ import annotations
 import itertools
 import json
 import random
+import shlex
 from dataclasses import replace
 
 import pytest
@@ -30,6 +31,7 @@ from dllm_decode.train.testbed_long import (
     columns,
     export_student,
     make_batch,
+    read_stages,
     train,
 )
 
@@ -232,8 +234,14 @@ def test_resumed_training_equals_one_run_and_exports_a_loadable_student(tmp_path
     assert load_state(tmp_path / "two" / STATE_FILE)["cpu_s"] > 0  # CPU time: pause-proof
     summary = json.loads((tmp_path / "two" / "run.json").read_text())
     assert summary["steps_done"] == 4 and "cpu_s" in summary and "wall_s" in summary
-    out = export_student(tmp_path / "one", tmp_path / "student")
-    assert "cpu_s" in json.loads((out / "run.json").read_text())
+    stages = read_stages(tmp_path / "two", 4, summary["cpu_s"])  # the refused calls add none
+    assert [(s["from_step"], s["to_step"]) for s in stages] == [(0, 2), (2, 4)]
+    assert "--stop-after 2" in stages[0]["command"] and "--resume" in stages[1]["command"]
+    assert all(s["cpu_s"] >= 0 for s in stages)
+    assert sum(s["cpu_s"] for s in stages) == pytest.approx(summary["cpu_s"], abs=0.2)
+    out = export_student(tmp_path / "two", tmp_path / "student")
+    exported = json.loads((out / "run.json").read_text())
+    assert "cpu_s" in exported and exported["stages"] == stages
     model = load_model(str(out))
     codec = long_codec_for(out)
     assert codec is not None and codec.vocab == long_codec().vocab
@@ -396,3 +404,15 @@ def test_shuffle_regrow_and_focus_restart_shuffle_lists_on_cut_down_canvases() -
     from dllm_decode.train.testbed_long_config import NOT_PINNED
 
     assert {"task_weights", "shuffle_regrow", "shuffle_focus"} <= set(NOT_PINNED)
+
+
+def test_command_line_rebuilds_the_settings_it_quotes() -> None:
+    from dllm_decode.train.testbed_long import parse_args
+    from dllm_decode.train.testbed_long_config import command_line
+
+    cfg = LongTrainConfig(family="sdar", out="runs/x y", lr=5e-4, task_weights="1,2,1",
+                          shuffle_regrow="10:300", resume=True)
+    line = command_line(cfg)
+    assert line.startswith("dllm-decode train testbed-long --family sdar")
+    assert "--resume" in line and "--seed" not in line  # defaults are left out
+    assert parse_args(shlex.split(line)[3:]) == cfg

@@ -43,8 +43,9 @@ AdamW (betas 0.9 / 0.98, weight decay 0.01 on matrices), linear warm-up, cosine 
 ``(seed, step)``, so a run resumed from its state file (``--resume``, written every
 ``ckpt_every`` steps to ``OUT/checkpoint.safetensors``) continues exactly. ``run.json`` reports
 ``cpu_s`` (the process's CPU time in steps: what a card quotes, immune to pauses and load)
-beside ``wall_s``. ``--export DIR``
-writes the fp16 checkpoint with its tokenizer, vocabulary and ``run.json``.
+beside ``wall_s``; ``stages.jsonl`` records each invocation's command (``command_line``), so
+the export's ``run.json`` lists the recipe stage by stage. ``--export DIR`` writes the fp16
+checkpoint with its tokenizer, vocabulary and ``run.json``.
 """
 
 from __future__ import annotations
@@ -75,9 +76,11 @@ from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_datacl
 from dllm_decode.train.distill_objective import support_log_error
 from dllm_decode.train.objectives import two_stream_mask
 from dllm_decode.train.state import load_state, save_state
-from dllm_decode.train.testbed_long_config import NOT_PINNED, LongTrainConfig
+from dllm_decode.train.testbed_long_config import NOT_PINNED, LongTrainConfig, command_line
 
 STATE_FILE = "checkpoint.safetensors"
+#: one JSON line per invocation that trains: its command, first step, CPU time and start date
+STAGES_FILE = "stages.jsonl"
 #: llada: the share of the non-semi-AR mask rows that mask content only (the rest: i.i.d.)
 CONTENT_SHARE_OF_REST = 0.4
 
@@ -263,6 +266,11 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
         raise FileExistsError(f"{state_file} exists; pass --resume to continue that run or "
                               "choose another --out")
     end = cfg.steps if not cfg.stop_after else min(cfg.steps, step + cfg.stop_after)
+    if step < end:
+        with (out / STAGES_FILE).open("a") as fh:
+            fh.write(json.dumps({"from_step": step, "cpu_s": round(cpu, 1),
+                                 "started": time.strftime("%Y-%m-%d %H:%M:%S"),
+                                 "command": command_line(cfg)}) + "\n")
     log = out / "loss.csv"
     new_log = not log.exists() or not cfg.resume
     if not new_log:  # rows past the state file's step were logged by a run stopped before
@@ -308,9 +316,31 @@ def train(cfg: LongTrainConfig) -> dict[str, Any]:
     return summary
 
 
+def read_stages(run_dir: str | Path, step: int, cpu_s: float) -> list[dict[str, Any]]:
+    """The run's stages from ``stages.jsonl``: each invocation's command with the steps and CPU
+    seconds it added to the state (``to_step`` / the CPU of the next invocation's start, the
+    state's ``step`` / ``cpu_s`` for the last); an invocation stopped before its first state
+    file added nothing and is left out. Empty for runs older than the file."""
+    path = Path(run_dir) / STAGES_FILE
+    if not path.exists():
+        return []
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    stages = []
+    for i, rec in enumerate(records):
+        nxt = records[i + 1] if i + 1 < len(records) else {"from_step": step, "cpu_s": cpu_s}
+        if nxt["from_step"] > rec["from_step"]:
+            cpu = None if rec["cpu_s"] is None or nxt["cpu_s"] is None else round(
+                nxt["cpu_s"] - rec["cpu_s"], 1)
+            stages.append({"command": rec["command"], "from_step": rec["from_step"],
+                           "to_step": nxt["from_step"], "cpu_s": cpu,
+                           "started": rec.get("started")})
+    return stages
+
+
 def export_student(run_dir: str | Path, directory: str | Path) -> Path:
     """Write the run's current weights as a checkpoint directory: fp16 ``model.safetensors``,
-    ``config.json``, the word-level tokenizer and ``long_answer_vocab.json``, ``run.json``."""
+    ``config.json``, the word-level tokenizer and ``long_answer_vocab.json``, ``run.json``
+    (steps, CPU time, the settings and the stages of ``read_stages``)."""
     from dllm_decode.models.loading import save_model
 
     state = load_state(Path(run_dir) / STATE_FILE)
@@ -322,9 +352,10 @@ def export_student(run_dir: str | Path, directory: str | Path) -> Path:
     directory = Path(directory)
     save_model(untie(model).eval().to(torch.float16), directory)
     codec.write_vocab(directory)
+    cpu = round(float(state.get("cpu_s", state["wall_s"])), 1)
     summary = {"steps_done": state["step"], "wall_s": round(float(state["wall_s"]), 1),
-               "cpu_s": round(float(state.get("cpu_s", state["wall_s"])), 1),
-               "config": state["config"]}
+               "cpu_s": cpu, "config": state["config"],
+               "stages": read_stages(run_dir, int(state["step"]), cpu)}
     (directory / "run.json").write_text(json.dumps(summary, indent=1) + "\n")
     return directory
 
@@ -345,5 +376,5 @@ def train_long_main(argv: list[str] | None = None) -> int:
     return 0
 
 
-__all__ = ["LongTrainConfig", "build_student", "export_student", "make_batch", "step_loss",
-           "train", "train_long_main"]
+__all__ = ["LongTrainConfig", "build_student", "export_student", "make_batch", "read_stages",
+           "step_loss", "train", "train_long_main"]

@@ -3,7 +3,8 @@ every field is a ``--flag``) and the fields a resumed run may change."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import shlex
+from dataclasses import dataclass, fields
 
 from dllm_decode.models.long_answer import LONG_TASKS
 from dllm_decode.train.config import _f  # a field with its --help text
@@ -123,4 +124,20 @@ NOT_PINNED = ("out", "resume", "export", "stop_after", "threads", "ckpt_every", 
               "steps", "semi_share", "bd_every", "log_error_weight", "shuffle_answers",
               "task_weights", "shuffle_regrow", "shuffle_focus")
 
-__all__ = ["NOT_PINNED", "LongTrainConfig"]
+
+
+def command_line(cfg: LongTrainConfig) -> str:
+    """The ``dllm-decode train testbed-long`` command that builds ``cfg``: a flag for each field
+    that differs from its default, in field order (what a model card quotes per stage)."""
+    default = LongTrainConfig()
+    parts = ["dllm-decode train testbed-long"]
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if value == getattr(default, f.name):
+            continue
+        flag = "--" + f.name.replace("_", "-")
+        parts.append(flag if isinstance(value, bool) else f"{flag} {shlex.quote(str(value))}")
+    return " ".join(parts)
+
+
+__all__ = ["NOT_PINNED", "LongTrainConfig", "command_line"]
