@@ -371,8 +371,9 @@ def test_task_weights_draw_tasks_in_proportion_and_default_draws_are_unchanged()
 def test_shuffle_regrow_and_focus_restart_shuffle_lists_on_cut_down_canvases() -> None:
     """From ``START`` shuffle's lists grow again from 3 names over ``N`` steps; with
     ``shuffle_focus`` 3, three of every four steps in that window are shuffle-only and fed as
-    cut-down canvases, the fourth is a mixed full-canvas step; after the window all is as
-    before."""
+    cut-down canvases, the fourth is a mixed full-canvas step; after the window the lists
+    have their full range and the shuffle-only steps go on (cut-down) until ``shuffle_focus``
+    is 0."""
     import dllm_decode.train.testbed_long as tl
 
     codec = long_codec()
@@ -380,20 +381,24 @@ def test_shuffle_regrow_and_focus_restart_shuffle_lists_on_cut_down_canvases() -
                           shuffle_focus=3)
     lo, hi = tl.lengths("shuffle", 128)
     before = tl.draw_batch(cfg, codec, 99)
-    assert before[1] == 1.0 and {t for t, _ in before[0]} == set(LONG_TASKS)
-    for step in range(100, 140):
-        rows, frac = tl.draw_batch(cfg, codec, step)
+    assert not before[1] and {t for t, _ in before[0]} == set(LONG_TASKS)
+    for step in range(100, 148):
+        rows, cut_down = tl.draw_batch(cfg, codec, step)
         k = [len(i) for t, i in rows if t == "shuffle"]
-        grown = round(3 + (hi - 3) * (step - 99) / 40)
+        grown = round(3 + (hi - 3) * min(1, (step - 99) / 40))
         assert k and max(k) <= grown
+        if step >= 140:
+            assert min(k) >= lo
         if (step - 100) % 4 < 3:
-            assert {t for t, _ in rows} == {"shuffle"} and frac < 1
+            assert {t for t, _ in rows} == {"shuffle"} and cut_down
             batch = make_batch(cfg, codec, step, None)
             assert int(batch["width"]) < codec.gen_length  # a cut-down canvas
         else:
-            assert {t for t, _ in rows} == set(LONG_TASKS) and frac == 1.0
-    rows, frac = tl.draw_batch(cfg, codec, 140)
-    assert frac == 1.0 and min(len(i) for t, i in rows if t == "shuffle") >= lo
+            assert {t for t, _ in rows} == set(LONG_TASKS) and not cut_down
+            assert int(make_batch(cfg, codec, step, None)["width"]) == codec.gen_length
+    rows, cut_down = tl.draw_batch(replace(cfg, shuffle_focus=0), codec, 140)
+    assert not cut_down and min(len(i) for t, i in rows if t == "shuffle") >= lo
+    assert {t for t, _ in rows} == set(LONG_TASKS)
     assert tl.draw_batch(replace(cfg, shuffle_regrow=""), codec, 120) == tl.draw_batch(
         LongTrainConfig(batch_size=32, curriculum=10), codec, 120)
     for bad in ("100", "a:b", "-1:5", "5:0"):

@@ -24,9 +24,10 @@ which names the prompt holds (an attention spread over every name of the list, w
 fixed-offset attention is found in ~500 steps) and, slower still, which of them the answer
 already holds. ``task_weights`` draws shuffle more often and ``shuffle_regrow START:N`` grows
 its lists again from 3 names over N steps, with ``shuffle_focus`` shuffle-only steps on
-cut-down canvases per mixed step: measured, that teaches the first (a fresh shuffle-only
-student stayed at chance for 700 steps on lists of 6-20 names, and learns when its lists
-start at 3 and grow); the second is open. ``log_error_weight`` adds
+cut-down canvases per mixed step (from START on, full-length lists included, until the flag
+is set to 0): measured, that teaches the first (a fresh shuffle-only student stayed at chance
+for 700 steps on lists of 6-20 names, and learns when its lists start at 3 and grow), and
+grown slowly (+1 name per ~1,000 steps) the second. ``log_error_weight`` adds
 ``train.distill_objective.support_log_error``. Every field in
 ``testbed_long_config.NOT_PINNED`` may change when a run is resumed (``docs/testbeds.md``,
 Test bed III, lists the stages of the students' runs and what each measured).
@@ -103,19 +104,18 @@ def lr_at(step: int, cfg: LongTrainConfig) -> float:
 
 
 def draw_batch(cfg: LongTrainConfig, codec: LongCodec, step: int
-               ) -> tuple[list[tuple[str, list[str]]], float]:
-    """The step's ``(task, items)`` rows (training split) and its list-length fraction:
-    the curriculum's, or below 1 on a shuffle-only step of ``shuffle_focus`` (both feed
-    cut-down canvases)."""
+               ) -> tuple[list[tuple[str, list[str]]], bool]:
+    """The step's ``(task, items)`` rows (training split) and whether they are fed as a
+    cut-down canvas: during the curriculum, and on the shuffle-only steps of ``shuffle_focus``
+    (from the regrowth's start on, its full-length lists included; ``--shuffle-focus 0``
+    ends them)."""
     rng = random.Random(f"{cfg.seed}:{step}:long-data")
     frac = min(1.0, (step + 1) / cfg.curriculum) if cfg.curriculum else 1.0
     regrow, shuffle_frac = cfg.regrow, frac
     focus = False
     if regrow is not None and step >= regrow[0]:
         shuffle_frac = min(frac, (step - regrow[0] + 1) / regrow[1])
-        focus = (shuffle_frac < 1
-                 and (step - regrow[0]) % (cfg.shuffle_focus + 1) < cfg.shuffle_focus)
-        frac = shuffle_frac if focus else frac
+        focus = (step - regrow[0]) % (cfg.shuffle_focus + 1) < cfg.shuffle_focus
     rows = []
     for _ in range(cfg.batch_size):
         if focus:
@@ -133,7 +133,7 @@ def draw_batch(cfg: LongTrainConfig, codec: LongCodec, step: int
             if not is_test(task, items):
                 break
         rows.append((task, items))
-    return rows, frac
+    return rows, frac < 1 or focus
 
 
 def answer_items(cfg: LongTrainConfig, task: str, items: list[str], step: int, row: int
@@ -154,7 +154,7 @@ def make_batch(cfg: LongTrainConfig, codec: LongCodec, step: int, block_size: in
                ) -> dict[str, Tensor]:
     """Clean canvases ``[B, P + G]``, the noisy answer ``[B, G]``, the masked positions and the
     exact soft targets ``[B, G, V]`` (the student sees them ``block_size``-causally when set)."""
-    rows, frac = draw_batch(cfg, codec, step)
+    rows, cut_down = draw_batch(cfg, codec, step)
     gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
     g = codec.gen_length
     prompts = torch.tensor([codec.encode_prompt({"task": t, "items": i}) for t, i in rows])
@@ -186,8 +186,8 @@ def make_batch(cfg: LongTrainConfig, codec: LongCodec, step: int, block_size: in
                 task, items, view[None])[0, b0:b0 + block_size].float()
     width = int(max(len(codec.region(t, i)) for t, i in rows)) + 2
     return {"prompts": prompts, "answers": answers, "noisy": noisy, "masked": masked,
-            "targets": targets, "frac": torch.tensor(frac),
-            "width": torch.tensor(width if frac < 1 else g)}
+            "targets": targets, "cut_down": torch.tensor(cut_down),
+            "width": torch.tensor(width if cut_down else g)}
 
 
 def columns(codec: LongCodec, width: int) -> Tensor:

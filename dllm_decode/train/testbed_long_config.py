@@ -43,8 +43,9 @@ class LongTrainConfig:
                                       "(squared log-probability error over possible tokens)")
     shuffle_regrow: str = _f("", "START:N: from step START, shuffle's lists grow again from 3 "
                                  "names to full length over N steps (empty: off)")
-    shuffle_focus: int = _f(0, "during --shuffle-regrow, this many shuffle-only steps (on "
-                               "cut-down canvases, ~8x cheaper) per mixed step")
+    shuffle_focus: int = _f(0, "from --shuffle-regrow's START on (its full-length lists "
+                               "too), this many shuffle-only steps (on cut-down canvases, "
+                               "~3-8x cheaper) per mixed step")
     shuffle_answers: str = _f("random", "shuffle's clean answers: random (a random permutation "
                                         "per row) | reference (prompt order, before 2026-11-29)")
     eps: float = _f(1e-3, "mask rate floor")
