@@ -421,3 +421,4 @@ def test_command_line_rebuilds_the_settings_it_quotes() -> None:
     assert line.startswith("dllm-decode train testbed-long --family sdar")
     assert "--resume" in line and "--seed" not in line  # defaults are left out
     assert parse_args(shlex.split(line)[3:]) == cfg
+    assert command_line(LongTrainConfig()) == "dllm-decode train testbed-long --family llada"

@@ -129,12 +129,13 @@ NOT_PINNED = ("out", "resume", "export", "stop_after", "threads", "ckpt_every", 
 
 def command_line(cfg: LongTrainConfig) -> str:
     """The ``dllm-decode train testbed-long`` command that builds ``cfg``: a flag for each field
-    that differs from its default, in field order (what a model card quotes per stage)."""
+    that differs from its default and ``--family``, in field order (what a model card quotes
+    per stage)."""
     default = LongTrainConfig()
     parts = ["dllm-decode train testbed-long"]
     for f in fields(cfg):
         value = getattr(cfg, f.name)
-        if value == getattr(default, f.name):
+        if value == getattr(default, f.name) and f.name != "family":  # (family: always)
             continue
         flag = "--" + f.name.replace("_", "-")
         parts.append(flag if isinstance(value, bool) else f"{flag} {shlex.quote(str(value))}")
