@@ -63,19 +63,19 @@ def stage_lines(stages: list[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def loss_curve(run_dir: Path, points: int = 12) -> str:
-    """``loss.csv`` subsampled to about ``points`` rows (soft cross-entropy on masked
-    positions; its ideal is the posterior's entropy, not 0)."""
+def loss_curve(run_dir: Path, steps: int, points: int = 12) -> str:
+    """``loss.csv`` up to ``steps`` (the bundled state's), subsampled to about ``points`` rows
+    (soft cross-entropy on masked positions; its ideal is the posterior's entropy, not 0)."""
     with (run_dir / "loss.csv").open() as fh:
         rows = list(csv.reader(fh))
-    head, body = rows[0], rows[1:]
+    head, body = rows[0], [r for r in rows[1:] if int(r[0]) <= steps]
     stride = max(1, len(body) // points)
     picked = body[::stride] + ([body[-1]] if (len(body) - 1) % stride else [])
     return "\n".join(",".join(r) for r in [head, *picked])
 
 
 def card(name: str, run_dir: Path, directory: Path, rows: list[dict[str, Any]], n: int,
-         seed: int) -> str:
+         seed: int, note: str = "") -> str:
     config = json.loads((directory / "config.json").read_text())
     run = json.loads((directory / "run.json").read_text())
     cfg = run["config"]
@@ -111,14 +111,17 @@ def card(name: str, run_dir: Path, directory: Path, rows: list[dict[str, Any]], 
         f"{config.get('vocab_size')}; {params / 1e6:.2f}M parameters, fp16 weights",
         f"* training: {run['steps_done']:,} steps, batch {cfg['batch_size']}, seed "
         f"{cfg['seed']} (weights, data and masks are functions of seed and step), "
-        f"{total_cpu / 3600:.2f} CPU-hours (`cpu_s`, one thread of a shared 2-core machine; "
-        "states before 2026-11-29 18:00 counted wall time, pauses included); soft "
+        f"{total_cpu / 3600:.2f} CPU-hours (`cpu_s`: the process's CPU time, on a shared "
+        "2-core machine, one thread unless a stage says `--threads`); soft "
         "cross-entropy against the oracle's exact conditionals, the length curriculum on "
         "cut-down canvases, then shuffle's lists regrown with shuffle-only steps "
-        "(`dllm_decode/train/testbed_long.py`). A stage whose `--out` changes started from a "
-        "copy of the previous stage's state file.",
+        f"(`dllm_decode/train/testbed_long.py`).{' ' + note if note else ''}",
         "",
         "## Recipe (each stage's exact command)",
+        "",
+        f"Each stage ran until the next one began, the last until step {run['steps_done']:,} "
+        "(`--stop-after` stops a stage at a given step count); a stage whose `--out` changes "
+        "started from a copy of the previous stage's state file.",
         "",
         *(stage_lines(stages) or ["(no stages.jsonl: a run older than stage recording)"]),
         "",
@@ -132,8 +135,11 @@ def card(name: str, run_dir: Path, directory: Path, rows: list[dict[str, Any]], 
         "",
         "## Loss (soft cross-entropy on masked positions; `loss.csv` of the run)",
         "",
+        "Its floor is the posterior's entropy (shuffle's open slots), so it moves with the mix "
+        "of each stage (shuffle's share and list lengths) and is not comparable across stages.",
+        "",
         "```",
-        loss_curve(run_dir),
+        loss_curve(run_dir, run["steps_done"]),
         "```",
         "",
     ]
@@ -148,14 +154,29 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=1, help="seed of the held-out records")
     ap.add_argument("--out", type=Path, default=None, help=f"default {ASSETS}/NAME")
     ap.add_argument("--results", type=Path, default=RESULTS, help="the rows' CSV")
+    ap.add_argument("--note", default="", help="a sentence the card adds to its training line")
+    ap.add_argument("--render", action="store_true",
+                    help="rewrite the card of the already exported directory from the rows "
+                         "recorded in --results (no export, no decoding)")
     args = ap.parse_args(argv)
-    directory = export_student(args.run, args.out or ASSETS / args.card)
+    directory = args.out or ASSETS / args.card
+    if args.render:
+        rows = [r for r in read_csv(args.results) if r["model"] == args.card]
+        if not rows or not (directory / "run.json").exists():
+            raise SystemExit(f"--render needs {directory}/run.json and {args.card}'s rows in "
+                             f"{args.results}")
+        n, seed = rows[0]["n"], int(rows[0]["seed"])
+        (directory / "README.md").write_text(card(args.card, args.run, directory, rows, n,
+                                                  seed, args.note))
+        print(f"rewrote {directory / 'README.md'}")
+        return 0
+    directory = export_student(args.run, directory)
     family = json.loads((directory / "run.json").read_text())["config"]["family"]
     rows = held_out(directory, family, args.n, args.seed)
     for r in rows:
         r["model"] = args.card
     (directory / "README.md").write_text(card(args.card, args.run, directory, rows, args.n,
-                                              args.seed))
+                                              args.seed, args.note))
     old = args.results
     kept = [r for r in read_csv(old) if r["model"] != args.card] if old.exists() else []
     write_csv(kept + rows, old)

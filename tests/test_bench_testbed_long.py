@@ -151,3 +151,8 @@ def test_card_writer_bundles_a_run_with_its_recipe(tmp_path) -> None:
         ("testbed-long-x", "low_confidence_k1"), ("testbed-long-x", "threshold")}
     assert len(rows) == 6 and all(r["n"] == "2" and r["note"] == "" for r in rows)
     assert load_model(str(out)).vocab_size == long_codec().vocab_size
+    (out / "README.md").unlink()  # --render: the card again from the recorded rows
+    assert cards.main(["--card", "testbed-long-x", str(tmp_path / "run"), "--out", str(out),
+                       "--results", str(results), "--render", "--note", "A note."]) == 0
+    again = (out / "README.md").read_text()
+    assert again.replace(" A note.", "") == text and "A note." in again
