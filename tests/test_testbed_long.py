@@ -195,19 +195,37 @@ def test_training_batches_are_exact_and_seeded(family: str) -> None:
     assert cols[0] == 0 and 127 in cols.tolist() and cols.max() < 256
 
 
-def test_block_view_targets_ignore_later_blocks() -> None:
-    """A shuffle name slot in block 0 of the block-causal student is uniform over every name
-    the clean later blocks have not... seen: later blocks are not visible, so none excluded."""
+def test_block_view_targets_see_clean_earlier_blocks_and_no_later_ones() -> None:
+    """A shuffle name slot of the block-causal student's block b is uniform over the names
+    that neither the clean earlier blocks (its two-stream context) nor its own block's visible
+    slots hold: later blocks are unseen, earlier ones clean (``bd_targets="noisy"``, the
+    defect of earlier runs, masks them like the own block)."""
     cfg = LongTrainConfig(family="sdar", batch_size=16, curriculum=0, seed=0,
                           tasks="shuffle")
     codec = long_codec()
     batch = make_batch(cfg, codec, 0, cfg.block_size)
+    old = make_batch(replace(cfg, bd_targets="noisy"), codec, 0, cfg.block_size)
+    spans_two = 0
     for r in range(16):
         items = codec.parse_prompt(batch["prompts"][r].tolist())[1]
-        view = batch["noisy"][r].clone()
-        view[32:] = codec.token_id[MASK]
-        want = codec.conditionals("shuffle", items, view[None])[0, :32].float()
-        torch.testing.assert_close(batch["targets"][r, :32], want)
+        for b0 in (0, 32):
+            view = batch["noisy"][r].clone()
+            view[b0 + 32:] = codec.token_id[MASK]
+            noisy_want = codec.conditionals("shuffle", items, view[None])[0, b0:b0 + 32]
+            view[:b0] = batch["answers"][r, :b0]
+            want = codec.conditionals("shuffle", items, view[None])[0, b0:b0 + 32]
+            torch.testing.assert_close(batch["targets"][r, b0:b0 + 32], want.float())
+            torch.testing.assert_close(old["targets"][r, b0:b0 + 32], noisy_want.float())
+        first = set(batch["answers"][r, :32].tolist())
+        masked = batch["masked"][r, 32:64] & (batch["answers"][r, 32:64] >= codec.first_name)
+        if len(items) > 16 and bool(masked.any()):  # block 1 holds an open name slot
+            spans_two += 1
+            j = 32 + int(masked.nonzero()[0])
+            assert all(float(batch["targets"][r, j, t]) == 0.0 for t in first
+                       if t >= codec.first_name)  # block 0's names are excluded
+    assert spans_two > 0
+    with pytest.raises(ValueError, match="bd_targets"):
+        LongTrainConfig(bd_targets="other")
 
 
 def test_resumed_training_equals_one_run_and_exports_a_loadable_student(tmp_path) -> None:

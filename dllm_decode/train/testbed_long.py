@@ -179,8 +179,10 @@ def make_batch(cfg: LongTrainConfig, codec: LongCodec, step: int, block_size: in
         if block_size is None or task != "shuffle":
             targets[r] = codec.conditionals(task, items, noisy[r][None])[0].float()
             continue
-        for b0 in range(0, g, block_size):  # the block's view: later blocks unseen
-            view = noisy[r].clone()
+        for b0 in range(0, g, block_size):  # the block's view: earlier blocks clean (the
+            view = noisy[r].clone()         # two streams' context), later blocks unseen
+            if cfg.bd_targets == "clean":
+                view[:b0] = answers[r, :b0]
             view[b0 + block_size:] = codec.token_id[MASK]
             targets[r, b0:b0 + block_size] = codec.conditionals(
                 task, items, view[None])[0, b0:b0 + block_size].float()

@@ -48,6 +48,10 @@ class LongTrainConfig:
                                "~3-8x cheaper) per mixed step")
     shuffle_answers: str = _f("random", "shuffle's clean answers: random (a random permutation "
                                         "per row) | reference (prompt order, before 2026-11-29)")
+    bd_targets: str = _f("clean", "block objective: the soft targets' view of the earlier "
+                                  "blocks: clean (what the student sees, two streams) | noisy "
+                                  "(masked like the own block: the defect of runs before "
+                                  "2026-11-29 21:00, kept to reproduce their stages)")
     eps: float = _f(1e-3, "mask rate floor")
     seed: int = _f(0, "seed of weights, data and masks")
     threads: int = _f(1, "torch CPU threads")
@@ -61,6 +65,8 @@ class LongTrainConfig:
     def __post_init__(self) -> None:
         if self.family not in ("llada", "sdar"):
             raise ValueError(f"family must be llada or sdar, got {self.family!r}")
+        if self.bd_targets not in ("clean", "noisy"):
+            raise ValueError(f"bd_targets must be clean or noisy, got {self.bd_targets!r}")
         if self.shuffle_answers not in ("random", "reference"):
             raise ValueError(f"shuffle_answers must be random or reference, got "
                              f"{self.shuffle_answers!r}")
@@ -123,7 +129,7 @@ class LongTrainConfig:
 #: decay from the current step on: how a run is extended or cut short across sessions)
 NOT_PINNED = ("out", "resume", "export", "stop_after", "threads", "ckpt_every", "log_every",
               "steps", "semi_share", "bd_every", "log_error_weight", "shuffle_answers",
-              "task_weights", "shuffle_regrow", "shuffle_focus")
+              "task_weights", "shuffle_regrow", "shuffle_focus", "bd_targets")
 
 
 
