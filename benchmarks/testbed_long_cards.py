@@ -25,7 +25,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_testbed_long import run_config  # noqa: E402
-from bench_testbed_long_report import read_csv, write_csv  # noqa: E402
+from bench_testbed_long_report import read_csv, summary, write_csv  # noqa: E402
 from safetensors import safe_open  # noqa: E402
 
 from dllm_decode.models.long_answer import LONG_TASKS  # noqa: E402
@@ -84,15 +84,12 @@ def card(name: str, run_dir: Path, directory: Path, rows: list[dict[str, Any]], 
         params = sum(math.prod(fh.get_slice(k).get_shape()) for k in fh.keys())  # noqa: SIM118
     table = ["| decoder | cache | " + " | ".join(LONG_TASKS) + " | mean | NFE | TPF |",
              "|---|---|" + "---|" * (len(LONG_TASKS) + 3)]
+    entries = {e["policy"]: e for e in summary(rows)}  # task means, pooled TPF
     for policy, label in DECODERS:
-        mine = [r for r in rows if r["policy"] == policy]
-        acc = {r["task"]: r["accuracy"] for r in mine}
-        nfe = sum(r["nfe"] for r in mine) / len(mine)
-        tpf = sum(r["tpf"] * r["nfe"] for r in mine) / sum(r["nfe"] for r in mine)
-        table.append(f"| {label} | {mine[0]['cache']} | "
-                     + " | ".join(f"{100 * acc[t]:.0f} %" for t in LONG_TASKS)
-                     + f" | {100 * sum(acc.values()) / len(acc):.1f} % | {nfe:.1f} | "
-                       f"{tpf:.2f} |")
+        e = entries[policy]
+        table.append(f"| {label} | {e['cache']} | "
+                     + " | ".join(f"{100 * e['tasks'][t]:.0f} %" for t in LONG_TASKS)
+                     + f" | {100 * e['accuracy']:.1f} % | {e['nfe']:.1f} | {e['tpf']:.2f} |")
     stages = run.get("stages") or []
     total_cpu = run["cpu_s"]
     lines = [
