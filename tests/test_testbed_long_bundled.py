@@ -1,6 +1,6 @@
 """The bundled long-answer students of Test bed III: ``testbed-long-llada``, a bidirectional
-mask model (``testbed-long-sdar``, block diffusion with blocks of 32, joins ``NAMES`` when it is
-bundled: it is still in training).
+mask model, and ``testbed-long-sdar``, block diffusion with blocks of 32 (decoded with its exact
+block-causal cache).
 
 Each loads offline by name in its release format (fp16 safetensors, the word-level tokenizer,
 ``long_answer_vocab.json``, a model card with the training recipe), encodes its prompts through
@@ -24,7 +24,7 @@ from tests.test_bench_testbed_long import bench
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
-NAMES = ("testbed-long-llada",)
+NAMES = ("testbed-long-llada", "testbed-long-sdar")
 ARCHITECTURE = {"testbed-long-llada": "LLaDAModelLM", "testbed-long-sdar": "SDARForCausalLM"}
 #: held-out prompts per task and a generator seed the cards and benchmarks do not use
 N, SEED = 8, 4242

@@ -3,10 +3,13 @@
 * ``support_log_error``: squared error of the log-probabilities of each position's plausible
   tokens (``--log-error-weight``);
 * ``support_rank_error``: a one-sided penalty on plausible-token pairs whose order the student
-  is about to flip (``--rank-error-weight``, ``--rank-margin``).
+  is about to flip (``--rank-error-weight``, ``--rank-margin``);
+* ``support_log_mass``: minus the log of the mass on each position's plausible tokens (the long
+  bed's ``--support-mass-weight``), the share of the cross-entropy that keeps names out.
 
-Both act on the quantities a greedy parallel decode compares (log-ratios between the names a
-slot may hold), which the KL's ``p - q`` gradient weighs by probability and so under-serves.
+The first two act on the quantities a greedy parallel decode compares (log-ratios between the
+names a slot may hold), which the KL's ``p - q`` gradient weighs by probability and so
+under-serves.
 """
 
 from __future__ import annotations
@@ -43,6 +46,19 @@ def support_log_error(logp: Tensor, targets: Tensor, log_targets: Tensor | None 
     support = targets > 0
     d = torch.where(support, logp - log_targets, 0.0)
     return d.square().sum(-1) / support.sum(-1).clamp_min(1)
+
+
+def support_log_mass(logp: Tensor, targets: Tensor) -> Tensor:
+    """Minus the log of the student's mass on each position's plausible tokens ``[B, G]``.
+
+    ``-log sum_{v : targets[v] > 0} p_v``: 0 when no mass leaves the support, whatever its
+    split inside it; the cross-entropy to a one-hot target. The soft cross-entropy already
+    holds this term once (``CE(q, p) = -log m + CE(q, p / m)`` with ``m`` the mass on the
+    support), weighted against fitting the split inside the support; a greedy decoder's
+    validity depends on the leak alone (a shuffle slot's argmax on a name already written),
+    so a weight on it spends more of the gradient there. logp, targets ``[B, G, V]``.
+    """
+    return -logp.masked_fill(targets <= 0, float("-inf")).logsumexp(-1)
 
 
 def support_rank_error(logp: Tensor, targets: Tensor, margin: float = 0.5) -> Tensor:

@@ -28,7 +28,9 @@ cut-down canvases per mixed step (from START on, full-length lists included, unt
 is set to 0): measured, that teaches the first (a fresh shuffle-only student stayed at chance
 for 700 steps on lists of 6-20 names, and learns when its lists start at 3 and grow), and
 grown slowly (+1 name per ~1,000 steps) the second. ``log_error_weight`` adds
-``train.distill_objective.support_log_error``. Every field in
+``train.distill_objective.support_log_error``, ``support_mass_weight`` its
+``support_log_mass`` (the leak off the plausible tokens: a shuffle slot's mass on names already
+written). Every field in
 ``testbed_long_config.NOT_PINNED`` may change when a run is resumed (``docs/testbeds.md``,
 Test bed III, lists the stages of the students' runs and what each measured).
 
@@ -74,7 +76,7 @@ from dllm_decode.eval.parallelbench.testbed_long import (
 from dllm_decode.models.base import DecoderLM
 from dllm_decode.models.long_answer import EOS, MASK, PAD, LongCodec
 from dllm_decode.train.config import TrainConfig, build_tiny_model, parse_dataclass, untie
-from dllm_decode.train.distill_objective import support_log_error
+from dllm_decode.train.distill_objective import support_log_error, support_log_mass
 from dllm_decode.train.objectives import two_stream_mask
 from dllm_decode.train.state import load_state, save_state
 from dllm_decode.train.testbed_long_config import NOT_PINNED, LongTrainConfig, command_line
@@ -230,6 +232,8 @@ def step_loss(model: DecoderLM, cfg: LongTrainConfig, codec: LongCodec, step: in
     ce = -(targets * logp).sum(-1)
     if cfg.log_error_weight:
         ce = ce + cfg.log_error_weight * support_log_error(logp, targets)
+    if cfg.support_mass_weight:
+        ce = ce + cfg.support_mass_weight * support_log_mass(logp, targets)
     return (ce * masked).sum() / masked.sum().clamp_min(1)
 
 

@@ -41,6 +41,8 @@ class LongTrainConfig:
                           "objective too (0: never)")
     log_error_weight: float = _f(0.0, "weight of train.distill_objective.support_log_error "
                                       "(squared log-probability error over possible tokens)")
+    support_mass_weight: float = _f(0.0, "weight of train.distill_objective.support_log_mass "
+                                         "(minus the log of the mass on plausible tokens)")
     shuffle_regrow: str = _f("", "START:N: from step START, shuffle's lists grow again from 3 "
                                  "names to full length over N steps (empty: off)")
     shuffle_focus: int = _f(0, "from --shuffle-regrow's START on (its full-length lists "
@@ -72,6 +74,8 @@ class LongTrainConfig:
                              f"{self.shuffle_answers!r}")
         if not self.log_error_weight >= 0:
             raise ValueError(f"log_error_weight must be >= 0, got {self.log_error_weight}")
+        if not self.support_mass_weight >= 0:
+            raise ValueError(f"support_mass_weight must be >= 0, got {self.support_mass_weight}")
         if self.shuffle_focus < 0:
             raise ValueError(f"shuffle_focus must be >= 0, got {self.shuffle_focus}")
         if self.bd_every < 0:
@@ -128,8 +132,8 @@ class LongTrainConfig:
 #: fields that may change between invocations of one run (a new ``steps`` re-spans the cosine
 #: decay from the current step on: how a run is extended or cut short across sessions)
 NOT_PINNED = ("out", "resume", "export", "stop_after", "threads", "ckpt_every", "log_every",
-              "steps", "semi_share", "bd_every", "log_error_weight", "shuffle_answers",
-              "task_weights", "shuffle_regrow", "shuffle_focus", "bd_targets")
+              "steps", "semi_share", "bd_every", "log_error_weight", "support_mass_weight",
+              "shuffle_answers", "task_weights", "shuffle_regrow", "shuffle_focus", "bd_targets")
 
 
 
