@@ -317,31 +317,34 @@ def test_semi_share_sets_the_llada_mask_mix() -> None:
         LongTrainConfig(semi_share=1.5)
 
 
-def test_log_error_weight_adds_the_support_term() -> None:
+@pytest.mark.parametrize("field", ["log_error_weight", "support_mass_weight"])
+def test_loss_weights_add_their_term_linearly(field: str) -> None:
     """``log_error_weight`` adds ``support_log_error`` (the squared log-probability error over
-    each position's possible tokens) linearly to the soft cross-entropy; 0 leaves it alone."""
+    each position's possible tokens), ``support_mass_weight`` adds ``support_log_mass``, each
+    linearly to the soft cross-entropy; 0 leaves it alone; a negative weight is refused and a
+    resumed run may change either."""
     import dllm_decode.train.testbed_long as tl
+    from dllm_decode.train.testbed_long_config import NOT_PINNED
 
     codec = long_codec()
     cfg = LongTrainConfig(batch_size=3, hidden=32, layers=1, heads=2, intermediate=64,
                           curriculum=0, tasks="shuffle")
     model = tl.build_student(cfg, codec).eval()
     with torch.no_grad():
-        loss = [float(tl.step_loss(model, replace(cfg, log_error_weight=w), codec, 3))
+        loss = [float(tl.step_loss(model, replace(cfg, **{field: w}), codec, 3))
                 for w in (0.0, 1.0, 2.0)]
     assert loss[1] > loss[0]
     assert loss[2] - loss[0] == pytest.approx(2 * (loss[1] - loss[0]), rel=1e-5)
-    with pytest.raises(ValueError, match="log_error_weight"):
-        replace(cfg, log_error_weight=-1.0)
+    assert field in NOT_PINNED
+    with pytest.raises(ValueError, match=field):
+        replace(cfg, **{field: -1.0})
 
 
-def test_support_mass_weight_adds_minus_the_log_mass_on_plausible_tokens() -> None:
-    """``support_log_mass`` is ``-log`` of the mass on the target's support (0 however the mass
-    splits inside it; the cross-entropy on a one-hot target), and ``support_mass_weight`` adds
-    it linearly to the loss; 0 leaves the loss alone; a resumed run may change it."""
-    import dllm_decode.train.testbed_long as tl
+def test_support_log_mass_is_minus_the_log_mass_on_plausible_tokens() -> None:
+    """``support_log_mass`` is ``-log`` of the mass on the target's support: 0 however the mass
+    splits inside it, the cross-entropy on a one-hot target, and its gradient lowers only the
+    leaked tokens' logits relative to the support's."""
     from dllm_decode.train.distill_objective import support_log_mass
-    from dllm_decode.train.testbed_long_config import NOT_PINNED
 
     targets = torch.tensor([[[0.5, 0.5, 0.0, 0.0], [0.0, 0.0, 1.0, 0.0]]])
     p = torch.tensor([[[0.1, 0.6, 0.2, 0.1], [0.1, 0.2, 0.6, 0.1]]])
@@ -349,23 +352,9 @@ def test_support_mass_weight_adds_minus_the_log_mass_on_plausible_tokens() -> No
     assert torch.allclose(value, -torch.tensor([[0.7, 0.6]]).log())
     inside = torch.tensor([[[0.9, 0.1, 0.0, 0.0]]]).clamp_min(1e-45)
     assert support_log_mass(inside.log(), targets[:, :1]).abs().max() < 1e-6
-    # its gradient lowers only the leaked tokens' logits, relative to the support's
     logits = p.log().requires_grad_(True)
     support_log_mass(logits.log_softmax(-1), targets).sum().backward()
     assert (logits.grad[0, 0, 2:] > 0).all() and (logits.grad[0, 0, :2] < 0).all()
-
-    codec = long_codec()
-    cfg = LongTrainConfig(batch_size=3, hidden=32, layers=1, heads=2, intermediate=64,
-                          curriculum=0, tasks="shuffle")
-    model = tl.build_student(cfg, codec).eval()
-    with torch.no_grad():
-        loss = [float(tl.step_loss(model, replace(cfg, support_mass_weight=w), codec, 3))
-                for w in (0.0, 1.0, 2.0)]
-    assert loss[1] > loss[0]
-    assert loss[2] - loss[0] == pytest.approx(2 * (loss[1] - loss[0]), rel=1e-5)
-    assert "support_mass_weight" in NOT_PINNED
-    with pytest.raises(ValueError, match="support_mass_weight"):
-        replace(cfg, support_mass_weight=-1.0)
 
 
 def test_shuffle_training_answers_are_random_valid_permutations() -> None:
