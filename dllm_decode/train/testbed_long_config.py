@@ -72,10 +72,9 @@ class LongTrainConfig:
         if self.shuffle_answers not in ("random", "reference"):
             raise ValueError(f"shuffle_answers must be random or reference, got "
                              f"{self.shuffle_answers!r}")
-        if not self.log_error_weight >= 0:
-            raise ValueError(f"log_error_weight must be >= 0, got {self.log_error_weight}")
-        if not self.support_mass_weight >= 0:
-            raise ValueError(f"support_mass_weight must be >= 0, got {self.support_mass_weight}")
+        for name in ("log_error_weight", "support_mass_weight"):  # (NaN fails too)
+            if not getattr(self, name) >= 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
         if self.shuffle_focus < 0:
             raise ValueError(f"shuffle_focus must be >= 0, got {self.shuffle_focus}")
         if self.bd_every < 0:
